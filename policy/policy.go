@@ -1,0 +1,162 @@
+package policy
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/herdguard/herdguard"
+)
+
+// Defaults that a zero field of [Policy] stands for.
+const (
+	DefaultMaxAttempts    = 3
+	DefaultInitialBackoff = 100 * time.Millisecond
+	DefaultMaxBackoff     = 10 * time.Second
+	DefaultMultiplier     = 2.0
+)
+
+// Policy says how one logical call is retried. It is a plain value: copy it
+// freely. A zero field means its default; [Default] returns the defaults with
+// full jitter.
+type Policy struct {
+	// MaxAttempts is the number of attempts in all, the first included:
+	// 1 means no retry. 0 means DefaultMaxAttempts (3).
+	MaxAttempts int
+	// InitialBackoff is the raw wait before the second attempt.
+	// 0 means DefaultInitialBackoff (100ms).
+	InitialBackoff time.Duration
+	// MaxBackoff caps every wait. 0 means DefaultMaxBackoff (10s), or
+	// InitialBackoff if that is larger than 10s.
+	MaxBackoff time.Duration
+	// Multiplier grows the raw wait from one retry to the next; 1 keeps it
+	// fixed. 0 means DefaultMultiplier (2).
+	Multiplier float64
+	// Jitter randomises each wait. The zero value is NoJitter.
+	Jitter Jitter
+	// RetryableCodes are the status codes worth another attempt. Empty means
+	// herdguard.DefaultRetryableCodes() (Unavailable, ResourceExhausted).
+	// OK and Canceled are refused: neither is a failure to retry.
+	RetryableCodes []codes.Code
+	// PerAttemptTimeout bounds each attempt; an attempt that runs out fails
+	// with DeadlineExceeded, which is retried while the caller's own deadline
+	// allows, whether or not DeadlineExceeded is in RetryableCodes.
+	// 0 means no per-attempt bound.
+	PerAttemptTimeout time.Duration
+}
+
+// Default returns the default policy: 3 attempts, waits from 100ms doubling
+// up to 10s with full jitter, retrying Unavailable and ResourceExhausted, no
+// per-attempt timeout.
+func Default() Policy {
+	return Policy{
+		MaxAttempts:    DefaultMaxAttempts,
+		InitialBackoff: DefaultInitialBackoff,
+		MaxBackoff:     DefaultMaxBackoff,
+		Multiplier:     DefaultMultiplier,
+		Jitter:         FullJitter,
+		RetryableCodes: herdguard.DefaultRetryableCodes(),
+	}
+}
+
+// WithDefaults returns p with every zero field replaced by its default. The
+// RetryableCodes slice is copied, so the result shares nothing with p.
+func (p Policy) WithDefaults() Policy {
+	p = p.timing()
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = DefaultMaxAttempts
+	}
+	if len(p.RetryableCodes) == 0 {
+		p.RetryableCodes = herdguard.DefaultRetryableCodes()
+	} else {
+		p.RetryableCodes = slices.Clone(p.RetryableCodes)
+	}
+	return p
+}
+
+// Validate reports the first unusable field, naming it and its value. Zero
+// fields are valid: they mean defaults.
+func (p Policy) Validate() error {
+	switch {
+	case p.MaxAttempts < 0:
+		return fieldError("MaxAttempts", p.MaxAttempts, "must be 0 (default) or more")
+	case p.InitialBackoff < 0:
+		return fieldError("InitialBackoff", p.InitialBackoff, "must not be negative")
+	case p.MaxBackoff < 0:
+		return fieldError("MaxBackoff", p.MaxBackoff, "must not be negative")
+	case p.MaxBackoff > 0 && p.MaxBackoff < p.timing().InitialBackoff:
+		return fieldError("MaxBackoff", p.MaxBackoff, fmt.Sprintf("must not be below InitialBackoff (%v)", p.timing().InitialBackoff))
+	case math.IsNaN(p.Multiplier) || math.IsInf(p.Multiplier, 0):
+		return fieldError("Multiplier", p.Multiplier, "must be a finite number")
+	case p.Multiplier != 0 && p.Multiplier < 1:
+		return fieldError("Multiplier", p.Multiplier, "must be 0 (default) or at least 1")
+	case !p.Jitter.valid():
+		return fieldError("Jitter", int(p.Jitter), "is not a known Jitter")
+	case p.PerAttemptTimeout < 0:
+		return fieldError("PerAttemptTimeout", p.PerAttemptTimeout, "must not be negative")
+	}
+	for i, c := range p.RetryableCodes {
+		switch {
+		case c == codes.OK || c == codes.Canceled:
+			return fmt.Errorf("policy: RetryableCodes[%d] = %v: %v is not a failure to retry", i, c, c)
+		case !herdguard.IsKnownCode(c):
+			return fmt.Errorf("policy: RetryableCodes[%d] = %d: not a gRPC status code", i, uint32(c))
+		}
+	}
+	return nil
+}
+
+func fieldError(field string, value any, why string) error {
+	return fmt.Errorf("policy: %s = %v: %s", field, value, why)
+}
+
+// Retryable reports whether code is among the policy's retryable codes
+// (the defaults when RetryableCodes is empty).
+func (p Policy) Retryable(code codes.Code) bool {
+	if len(p.RetryableCodes) == 0 {
+		return code == codes.Unavailable || code == codes.ResourceExhausted
+	}
+	return slices.Contains(p.RetryableCodes, code)
+}
+
+// RawBackoff returns the wait before attempt retry+1 without jitter:
+// min(MaxBackoff, InitialBackoff × Multiplier^(retry-1)), for retry ≥ 1.
+// Zero fields count as their defaults. It never overflows.
+func (p Policy) RawBackoff(retry int) time.Duration {
+	p = p.timing()
+	if retry < 1 {
+		retry = 1
+	}
+	f := float64(p.InitialBackoff) * math.Pow(p.Multiplier, float64(retry-1))
+	if f >= float64(p.MaxBackoff) || math.IsInf(f, 0) || math.IsNaN(f) {
+		return p.MaxBackoff
+	}
+	return time.Duration(f)
+}
+
+// Backoff returns the wait before attempt retry+1 (retry ≥ 1 counts the
+// retries so far, the one about to happen included), shaped by the policy's
+// Jitter with the random number r in [0, 1). prev is the previous wait, used
+// by DecorrelatedJitter; pass 0 before the first retry. It is a pure function.
+func (p Policy) Backoff(retry int, prev time.Duration, r float64) time.Duration {
+	p = p.timing()
+	return p.Jitter.Apply(p.RawBackoff(retry), prev, p.InitialBackoff, p.MaxBackoff, r)
+}
+
+// timing fills the zero timing fields without touching RetryableCodes, so
+// that the hot path never allocates.
+func (p Policy) timing() Policy {
+	if p.InitialBackoff == 0 {
+		p.InitialBackoff = DefaultInitialBackoff
+	}
+	if p.MaxBackoff == 0 {
+		p.MaxBackoff = max(DefaultMaxBackoff, p.InitialBackoff)
+	}
+	if p.Multiplier == 0 {
+		p.Multiplier = DefaultMultiplier
+	}
+	return p
+}
