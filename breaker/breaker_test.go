@@ -1,0 +1,309 @@
+package breaker_test
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard"
+	"github.com/herdguard/herdguard/breaker"
+)
+
+func newBreaker(t *testing.T, s breaker.Settings) *breaker.Breaker {
+	t.Helper()
+	b, err := breaker.New("dns:///pay", s)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return b
+}
+
+// run makes one call through b that returns v, and reports whether it ran.
+func run(t *testing.T, b *breaker.Breaker, v herdguard.Verdict) (ran, probe bool, err error) {
+	t.Helper()
+	_, _, err = b.Execute(func(p bool) herdguard.Verdict { ran, probe = true, p; return v })
+	return ran, probe, err
+}
+
+func TestTripsOnConsecutiveFailedCalls(t *testing.T) {
+	b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 3})
+	for i := range 2 {
+		run(t, b, herdguard.Failure)
+		if got := b.State(); got != breaker.Closed {
+			t.Fatalf("after %d failures: state %v, want closed", i+1, got)
+		}
+	}
+	run(t, b, herdguard.Success) // a success breaks the run
+	run(t, b, herdguard.Failure)
+	run(t, b, herdguard.Failure)
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("2 failures after a success: state %v, want closed", got)
+	}
+	run(t, b, herdguard.Ignored) // a cancelled call neither breaks nor extends the run
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("after an ignored call: state %v, want closed", got)
+	}
+	_, _, err := run(t, b, herdguard.Failure)
+	if err != nil {
+		t.Fatalf("the call that trips the breaker ran and must not be refused: %v", err)
+	}
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("after 3 failures in a row: state %v, want open", got)
+	}
+
+	ran, _, err := run(t, b, herdguard.Success)
+	if ran {
+		t.Fatal("an open breaker ran the call")
+	}
+	if !errors.Is(err, breaker.ErrOpen) {
+		t.Fatalf("err = %v, want one wrapping ErrOpen", err)
+	}
+	if got := status.Code(err); got != codes.Unavailable {
+		t.Errorf("status.Code(err) = %v, want Unavailable", got)
+	}
+	if !strings.Contains(err.Error(), "dns:///pay") {
+		t.Errorf("err = %q, want it to name the scope", err)
+	}
+	var oe *breaker.OpenError
+	if !errors.As(err, &oe) || oe.State != breaker.Open || oe.Scope != "dns:///pay" {
+		t.Errorf("err = %#v, want *OpenError{Scope: dns:///pay, State: open}", err)
+	}
+}
+
+func TestIgnoredCallsNeverTrip(t *testing.T) {
+	b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1})
+	for range 20 {
+		run(t, b, herdguard.Ignored)
+	}
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("state %v after ignored calls, want closed", got)
+	}
+}
+
+func TestOpenTimeoutThenProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var changes []string
+		b := newBreaker(t, breaker.Settings{
+			ConsecutiveFailures: 1,
+			OpenTimeout:         2 * time.Second,
+			OnStateChange: func(scope string, from, to breaker.State) {
+				changes = append(changes, scope+": "+from.String()+"->"+to.String())
+			},
+		})
+		before, after, _ := b.Execute(func(bool) herdguard.Verdict { return herdguard.Failure })
+		if before != breaker.Closed || after != breaker.Open {
+			t.Errorf("tripping call saw %v -> %v, want closed -> open", before, after)
+		}
+		time.Sleep(2*time.Second - time.Nanosecond)
+		if ran, _, err := run(t, b, herdguard.Success); ran || err == nil {
+			t.Fatalf("just before OpenTimeout: ran=%v err=%v, want refused", ran, err)
+		}
+		time.Sleep(2 * time.Nanosecond)
+		ran, probe, err := run(t, b, herdguard.Success)
+		if !ran || !probe || err != nil {
+			t.Fatalf("after OpenTimeout: ran=%v probe=%v err=%v, want a probe that runs", ran, probe, err)
+		}
+		if got := b.State(); got != breaker.Closed {
+			t.Fatalf("after a good probe: state %v, want closed", got)
+		}
+		if _, probe, _ := run(t, b, herdguard.Success); probe {
+			t.Error("a call through a closed breaker was told it is a probe")
+		}
+		want := []string{"dns:///pay: closed->open", "dns:///pay: open->half-open", "dns:///pay: half-open->closed"}
+		if strings.Join(changes, "|") != strings.Join(want, "|") {
+			t.Errorf("OnStateChange calls = %q, want %q", changes, want)
+		}
+	})
+}
+
+func TestFailedProbeReopens(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Second})
+		run(t, b, herdguard.Failure)
+		time.Sleep(time.Second + time.Nanosecond)
+		if ran, probe, _ := run(t, b, herdguard.Failure); !ran || !probe {
+			t.Fatalf("ran=%v probe=%v, want a probe", ran, probe)
+		}
+		if got := b.State(); got != breaker.Open {
+			t.Fatalf("after a failed probe: state %v, want open", got)
+		}
+		// and the open period starts again
+		time.Sleep(time.Second - time.Nanosecond)
+		if ran, _, _ := run(t, b, herdguard.Success); ran {
+			t.Fatal("reopened breaker let a call through before a new OpenTimeout")
+		}
+	})
+}
+
+func TestHalfOpenLimitsProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Second, HalfOpenMaxRequests: 2})
+		run(t, b, herdguard.Failure)
+		time.Sleep(2 * time.Second)
+
+		release := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() {
+				b.Execute(func(probe bool) herdguard.Verdict {
+					if !probe {
+						t.Error("a half-open call was not told it is a probe")
+					}
+					<-release
+					return herdguard.Success
+				})
+			})
+		}
+		synctest.Wait() // both probes are in flight
+		ran, _, err := run(t, b, herdguard.Success)
+		var oe *breaker.OpenError
+		if ran || !errors.As(err, &oe) || oe.State != breaker.HalfOpen {
+			t.Fatalf("third call while 2 probes run: ran=%v err=%v, want refused as half-open", ran, err)
+		}
+		if !errors.Is(err, breaker.ErrOpen) || !strings.Contains(err.Error(), "half-open") {
+			t.Errorf("err = %q, want ErrOpen saying half-open", err)
+		}
+		close(release)
+		wg.Wait()
+		if got := b.State(); got != breaker.Closed {
+			t.Fatalf("after 2 good probes: state %v, want closed", got)
+		}
+	})
+}
+
+func TestFailureRatio(t *testing.T) {
+	b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 4})
+	for _, v := range []herdguard.Verdict{herdguard.Failure, herdguard.Success, herdguard.Failure} {
+		run(t, b, v)
+	}
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("2 of 3 failed but MinRequests is 4: state %v, want closed", got)
+	}
+	run(t, b, herdguard.Ignored) // does not count towards MinRequests
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("an ignored call counted: state %v, want closed", got)
+	}
+	run(t, b, herdguard.Success)
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("a success cannot trip: state %v", got)
+	}
+	run(t, b, herdguard.Failure) // 3 of 5 failed
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("3 of 5 failed with ratio 0.5: state %v, want open", got)
+	}
+}
+
+func TestWindowForgetsOldFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 2, Window: 10 * time.Second})
+		run(t, b, herdguard.Success)
+		run(t, b, herdguard.Success)
+		run(t, b, herdguard.Failure) // 1 of 3
+		time.Sleep(11 * time.Second)
+		run(t, b, herdguard.Failure) // the old calls rolled out: 1 of 1, below MinRequests
+		if got := b.State(); got != breaker.Closed {
+			t.Fatalf("state %v, want closed", got)
+		}
+		run(t, b, herdguard.Failure) // 2 of 2 in the window
+		if got := b.State(); got != breaker.Open {
+			t.Fatalf("2 of 2 failed in the window: state %v, want open", got)
+		}
+	})
+}
+
+func TestSettingsValidate(t *testing.T) {
+	tests := []struct {
+		s           breaker.Settings
+		field, val string
+	}{
+		{breaker.Settings{FailureRatio: -0.1}, "FailureRatio", "-0.1"},
+		{breaker.Settings{FailureRatio: 1.5}, "FailureRatio", "1.5"},
+		{breaker.Settings{Window: -time.Second}, "Window", "-1s"},
+		{breaker.Settings{Window: 5}, "Window", "5ns"},
+		{breaker.Settings{OpenTimeout: -time.Second}, "OpenTimeout", "-1s"},
+		{breaker.Settings{Scope: 3}, "Scope", "3"},
+	}
+	for _, tt := range tests {
+		err := tt.s.Validate()
+		if err == nil || !strings.Contains(err.Error(), tt.field) || !strings.Contains(err.Error(), tt.val) {
+			t.Errorf("Validate(%+v) = %v, want an error naming %s and %s", tt.s, err, tt.field, tt.val)
+		}
+		if _, err := breaker.New("x", tt.s); err == nil {
+			t.Errorf("New accepted %+v", tt.s)
+		}
+		if _, err := breaker.NewGroup(tt.s); err == nil {
+			t.Errorf("NewGroup accepted %+v", tt.s)
+		}
+	}
+	if err := (breaker.Settings{}).Validate(); err != nil {
+		t.Errorf("zero Settings: %v", err)
+	}
+	d := breaker.Settings{}.WithDefaults()
+	if d.ConsecutiveFailures != 5 || d.MinRequests != 10 || d.Window != 10*time.Second ||
+		d.OpenTimeout != 5*time.Second || d.HalfOpenMaxRequests != 1 || d.Scope != breaker.PerTarget {
+		t.Errorf("defaults = %+v", d)
+	}
+}
+
+func TestGroupScopes(t *testing.T) {
+	g, _ := breaker.NewGroup(breaker.Settings{})
+	a, b := g.Get("t1", "/s.S/A"), g.Get("t1", "/s.S/B")
+	if a != b || a.Scope() != "t1" {
+		t.Errorf("PerTarget: different methods got different breakers (%q, %q)", a.Scope(), b.Scope())
+	}
+	if g.Get("t2", "/s.S/A") == a {
+		t.Error("PerTarget: two targets share a breaker")
+	}
+
+	g, _ = breaker.NewGroup(breaker.Settings{Scope: breaker.PerMethod})
+	a, b = g.Get("t1", "/s.S/A"), g.Get("t1", "/s.S/B")
+	if a == b {
+		t.Error("PerMethod: two methods share a breaker")
+	}
+	if a != g.Get("t1", "/s.S/A") || a.Scope() != "t1/s.S/A" {
+		t.Errorf("PerMethod: scope %q, or a second Get made a new breaker", a.Scope())
+	}
+	n := 0
+	g.Each(func(*breaker.Breaker) { n++ })
+	if n != 2 {
+		t.Errorf("Each saw %d breakers, want 2", n)
+	}
+}
+
+func TestGroupConcurrentGet(t *testing.T) {
+	g, _ := breaker.NewGroup(breaker.Settings{})
+	got := make([]*breaker.Breaker, 64)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Go(func() { got[i] = g.Get("t", "/s.S/M") })
+	}
+	wg.Wait()
+	for i, b := range got {
+		if b != got[0] {
+			t.Fatalf("goroutine %d got another breaker for the same scope", i)
+		}
+	}
+}
+
+func TestStrings(t *testing.T) {
+	for s, want := range map[breaker.State]string{breaker.Closed: "closed", breaker.HalfOpen: "half-open", breaker.Open: "open", 9: "State(9)"} {
+		if s.String() != want {
+			t.Errorf("State(%d).String() = %q, want %q", int(s), s.String(), want)
+		}
+	}
+	for _, name := range []string{"target", "method"} {
+		s, err := breaker.ParseScope(name)
+		if err != nil || s.String() != name {
+			t.Errorf("ParseScope(%q) = %v, %v", name, s, err)
+		}
+	}
+	if _, err := breaker.ParseScope("host"); err == nil {
+		t.Error("ParseScope(host) = nil error")
+	}
+}

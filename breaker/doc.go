@@ -1,0 +1,34 @@
+// Package breaker decides when a client stops calling a failing server. It
+// wraps sony/gobreaker v2 and counts logical calls, not attempts: the
+// interceptor reports one [herdguard.Verdict] per call, after its retries are
+// done, so a call that needed three attempts to succeed is one success.
+//
+//	g, err := breaker.NewGroup(breaker.Settings{ConsecutiveFailures: 5})
+//	b := g.Get(cc.Target(), method)
+//	before, after, err := b.Execute(func(probe bool) herdguard.Verdict { ... })
+//	if errors.Is(err, breaker.ErrOpen) { ... } // rejected: nothing was sent
+//
+// # States
+//
+// Closed lets every call through and counts results. When the counts meet a
+// trip condition (ConsecutiveFailures failed calls in a row, or a
+// FailureRatio of at least MinRequests calls in the Window) it opens. Open
+// refuses every call at once with an [*OpenError] that wraps [ErrOpen] and
+// carries codes.Unavailable. After OpenTimeout it is half-open: at most
+// HalfOpenMaxRequests probe calls go through, each told it is a probe (the
+// interceptor makes a probe a single attempt). If they all succeed it closes;
+// a failed probe opens it again.
+//
+// # Defaults
+//
+//	ConsecutiveFailures  5
+//	FailureRatio         0 (off)
+//	MinRequests          10 (with FailureRatio)
+//	Window               10s, rolled in 10 buckets
+//	OpenTimeout          5s
+//	HalfOpenMaxRequests  1
+//	Scope                PerTarget
+//
+// Time comes from the time package, as in gobreaker; tests drive it with
+// testing/synctest.
+package breaker

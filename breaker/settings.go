@@ -1,0 +1,121 @@
+package breaker
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// Defaults that a zero field of [Settings] stands for.
+const (
+	DefaultConsecutiveFailures = 5
+	DefaultMinRequests         = 10
+	DefaultWindow              = 10 * time.Second
+	DefaultOpenTimeout         = 5 * time.Second
+	DefaultHalfOpenMaxRequests = 1
+)
+
+// windowBuckets is how many buckets the rolling Window is split into.
+const windowBuckets = 10
+
+// Scope says which calls share one breaker.
+type Scope int
+
+const (
+	// PerTarget shares one breaker among all calls to a target
+	// (grpc.ClientConn.Target()).
+	PerTarget Scope = iota
+	// PerMethod gives every method of a target its own breaker.
+	PerMethod
+)
+
+// String returns "target" or "method".
+func (s Scope) String() string {
+	switch s {
+	case PerTarget:
+		return "target"
+	case PerMethod:
+		return "method"
+	}
+	return fmt.Sprintf("Scope(%d)", int(s))
+}
+
+// ParseScope parses "target" or "method".
+func ParseScope(s string) (Scope, error) {
+	switch strings.ToLower(s) {
+	case "target":
+		return PerTarget, nil
+	case "method":
+		return PerMethod, nil
+	}
+	return 0, fmt.Errorf("breaker: unknown scope %q (want target or method)", s)
+}
+
+// Settings configures the breakers of a [Group]. A zero field means its
+// default (see the package documentation).
+type Settings struct {
+	// ConsecutiveFailures trips the breaker after this many failed calls in a
+	// row. 0 means DefaultConsecutiveFailures (5).
+	ConsecutiveFailures uint32
+	// FailureRatio, if above 0, also trips the breaker when failed calls /
+	// finished calls within Window reaches it, once at least MinRequests
+	// calls finished there. It must be in [0, 1]. 0 turns the ratio off.
+	FailureRatio float64
+	// MinRequests is how many finished calls the ratio needs before it can
+	// trip. 0 means DefaultMinRequests (10).
+	MinRequests uint32
+	// Window is the rolling period the counts cover (gobreaker's Interval,
+	// split into 10 buckets of BucketPeriod). 0 means DefaultWindow (10s).
+	Window time.Duration
+	// OpenTimeout is how long the breaker stays open before letting probes
+	// through. 0 means DefaultOpenTimeout (5s).
+	OpenTimeout time.Duration
+	// HalfOpenMaxRequests is how many probes a half-open breaker lets
+	// through; that many successes close it. 0 means 1.
+	HalfOpenMaxRequests uint32
+	// Scope says which calls share a breaker. The zero value is PerTarget.
+	Scope Scope
+	// OnStateChange, if set, is called on every transition with the scope
+	// name (the target, or the target followed by the full method). It runs
+	// while the breaker is locked: it must return quickly and must not call
+	// the breaker.
+	OnStateChange func(scope string, from, to State)
+}
+
+// Validate reports the first unusable field, naming it and its value.
+func (s Settings) Validate() error {
+	switch {
+	case math.IsNaN(s.FailureRatio) || s.FailureRatio < 0 || s.FailureRatio > 1:
+		return fmt.Errorf("breaker: FailureRatio = %v: must be in [0, 1]", s.FailureRatio)
+	case s.Window < 0:
+		return fmt.Errorf("breaker: Window = %v: must not be negative", s.Window)
+	case s.Window > 0 && s.Window < windowBuckets:
+		return fmt.Errorf("breaker: Window = %v: must be at least %dns to split into buckets", s.Window, windowBuckets)
+	case s.OpenTimeout < 0:
+		return fmt.Errorf("breaker: OpenTimeout = %v: must not be negative", s.OpenTimeout)
+	case s.Scope != PerTarget && s.Scope != PerMethod:
+		return fmt.Errorf("breaker: Scope = %d: must be PerTarget or PerMethod", int(s.Scope))
+	}
+	return nil
+}
+
+// WithDefaults returns s with every zero field replaced by its default.
+func (s Settings) WithDefaults() Settings {
+	if s.ConsecutiveFailures == 0 {
+		s.ConsecutiveFailures = DefaultConsecutiveFailures
+	}
+	if s.MinRequests == 0 {
+		s.MinRequests = DefaultMinRequests
+	}
+	if s.Window == 0 {
+		s.Window = DefaultWindow
+	}
+	if s.OpenTimeout == 0 {
+		s.OpenTimeout = DefaultOpenTimeout
+	}
+	if s.HalfOpenMaxRequests == 0 {
+		s.HalfOpenMaxRequests = DefaultHalfOpenMaxRequests
+	}
+	return s
+}
