@@ -219,7 +219,7 @@ func TestWindowForgetsOldFailures(t *testing.T) {
 
 func TestSettingsValidate(t *testing.T) {
 	tests := []struct {
-		s           breaker.Settings
+		s          breaker.Settings
 		field, val string
 	}{
 		{breaker.Settings{FailureRatio: -0.1}, "FailureRatio", "-0.1"},
