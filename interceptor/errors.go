@@ -1,0 +1,74 @@
+package interceptor
+
+import (
+	"fmt"
+
+	"google.golang.org/grpc/status"
+)
+
+// Outcome says how a call ended; it is the herdguard.outcome span attribute.
+type Outcome string
+
+// The outcomes of a call.
+const (
+	// OutcomeOK: an attempt succeeded.
+	OutcomeOK Outcome = "ok"
+	// OutcomeExhausted: every allowed attempt failed with a retryable code
+	// (a half-open breaker's probe is allowed one).
+	OutcomeExhausted Outcome = "exhausted"
+	// OutcomeNotRetryable: an attempt failed with a code the policy does not
+	// retry.
+	OutcomeNotRetryable Outcome = "not_retryable"
+	// OutcomeBreakerOpen: the circuit breaker refused the call; nothing was
+	// sent.
+	OutcomeBreakerOpen Outcome = "breaker_open"
+	// OutcomeDeadline: the caller's deadline ended the call, during an
+	// attempt or a wait, or the next wait would have outlasted it.
+	OutcomeDeadline Outcome = "deadline"
+	// OutcomeCanceled: the caller cancelled the call.
+	OutcomeCanceled Outcome = "canceled"
+	// OutcomePushbackStop: the server's grpc-retry-pushback-ms trailer said
+	// not to retry.
+	OutcomePushbackStop Outcome = "pushback_stop"
+	// OutcomeInvalidCallOption: a CallPolicy option held an invalid policy;
+	// nothing was sent.
+	OutcomeInvalidCallOption Outcome = "invalid_call_option"
+)
+
+// RetryError is the error of a call that failed with a retryable code and
+// was not retried further: its attempts ran out, the next wait would have
+// outlasted the caller's deadline, or the server's pushback said stop. It
+// carries the last attempt's error: errors.Unwrap returns it, and
+// status.Code and status.FromError report its status unchanged.
+//
+// A call that failed with a code the policy does not retry, or that the
+// caller cancelled, returns the attempt's error as it is.
+type RetryError struct {
+	// Attempts is how many attempts were sent, the first included.
+	Attempts int
+	// Outcome is OutcomeExhausted, OutcomeDeadline or OutcomePushbackStop.
+	Outcome Outcome
+	// Err is the last attempt's error.
+	Err error
+}
+
+// Error says why the retries stopped and quotes the last attempt's error.
+func (e *RetryError) Error() string {
+	var why string
+	switch e.Outcome {
+	case OutcomeDeadline:
+		why = "stopped retrying: the next wait would outlast the deadline"
+	case OutcomePushbackStop:
+		why = "stopped retrying: the server's pushback said not to retry"
+	default:
+		why = "gave up"
+	}
+	return fmt.Sprintf("herdguard: %s after %d attempt(s); last: %v", why, e.Attempts, e.Err)
+}
+
+// Unwrap returns the last attempt's error.
+func (e *RetryError) Unwrap() error { return e.Err }
+
+// GRPCStatus returns the last attempt's status, so that status.Code and
+// status.FromError see through the wrapper.
+func (e *RetryError) GRPCStatus() *status.Status { return status.Convert(e.Err) }

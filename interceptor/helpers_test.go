@@ -1,0 +1,145 @@
+package interceptor
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/internal/testserver"
+)
+
+// callTimeout bounds every test call so a bug fails a test instead of
+// hanging it.
+const callTimeout = 10 * time.Second
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeClock makes every wait instant: a timer fires at once and moves the
+// clock forward by its duration. It records every wait asked for.
+type fakeClock struct {
+	mu    sync.Mutex
+	now   time.Time
+	waits []time.Duration
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
+
+func (f *fakeClock) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now
+}
+
+func (f *fakeClock) NewTimer(d time.Duration) timer {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.waits = append(f.waits, d)
+	f.now = f.now.Add(d)
+	c := make(chan time.Time, 1)
+	c <- f.now
+	return firedTimer(c)
+}
+
+func (f *fakeClock) Waits() []time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]time.Duration(nil), f.waits...)
+}
+
+type firedTimer chan time.Time
+
+func (t firedTimer) C() <-chan time.Time { return t }
+func (t firedTimer) Stop() bool          { return false }
+
+// fixedRand returns the given numbers in turn, then repeats the last.
+func fixedRand(rs ...float64) func() float64 {
+	var mu sync.Mutex
+	return func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		r := rs[0]
+		if len(rs) > 1 {
+			rs = rs[1:]
+		}
+		return r
+	}
+}
+
+// script answers the n-th request with the n-th error (nil: success); past
+// the end it repeats the last. A trailer map, if any, is sent with the
+// same-numbered answer.
+type script struct {
+	mu       sync.Mutex
+	errs     []error
+	trailers map[int]metadata.MD
+	n        int
+}
+
+func fail(cs ...codes.Code) *script {
+	s := &script{}
+	for _, c := range cs {
+		if c == codes.OK {
+			s.errs = append(s.errs, nil)
+		} else {
+			s.errs = append(s.errs, status.Error(c, "scripted "+c.String()))
+		}
+	}
+	return s
+}
+
+func (s *script) next(ctx context.Context) error {
+	s.mu.Lock()
+	i := s.n
+	s.n++
+	err := s.errs[min(i, len(s.errs)-1)]
+	md := s.trailers[i]
+	s.mu.Unlock()
+	if md != nil {
+		_ = grpc.SetTrailer(ctx, md)
+	}
+	return err
+}
+
+func (s *script) unary(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	if err := s.next(ctx); err != nil {
+		return nil, err
+	}
+	return &testgrpc.SimpleResponse{Username: "ok"}, nil
+}
+
+func (s *script) empty(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
+	if err := s.next(ctx); err != nil {
+		return nil, err
+	}
+	return &testgrpc.Empty{}, nil
+}
+
+// setup starts a server whose UnaryCall follows sc and returns a client
+// through a new interceptor with the given options, a fake clock, and the
+// interceptor.
+func setup(t *testing.T, sc *script, opts ...Option) (*testserver.Server, testgrpc.TestServiceClient, *fakeClock, *Interceptor) {
+	t.Helper()
+	srv := testserver.Start(t, &testserver.Server{Unary: sc.unary, Empty: sc.empty})
+	clk := newFakeClock()
+	ic, err := New(append([]Option{withClock(clk), withRand(fixedRand(0.5))}, opts...)...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return srv, srv.Client(t, ic.DialOptions()...), clk, ic
+}
+
+func call(t *testing.T, c testgrpc.TestServiceClient, opts ...grpc.CallOption) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	_, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{}, opts...)
+	return err
+}

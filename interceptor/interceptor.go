@@ -1,0 +1,154 @@
+package interceptor
+
+import (
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/policy"
+)
+
+// Interceptor retries failed gRPC calls under a policy, inside a circuit
+// breaker, and traces every call, attempt and wait. Make one with [New] and
+// install it with [Interceptor.DialOptions]. It is safe for concurrent use,
+// and its breakers are shared by every connection it is installed on.
+type Interceptor struct {
+	policy   *resolved
+	methods  map[string]*resolved // exact "/pkg.Svc/Method"
+	services map[string]*resolved // "/pkg.Svc/"
+	breakers *breaker.Group       // nil without a breaker
+	tracing  tracing
+	clock    clock
+	rand     func() float64
+	buffers  sync.Pool // *attemptBuffer
+}
+
+// resolved is a validated policy with its defaults filled in, ready for the
+// hot path.
+type resolved struct {
+	p         policy.Policy
+	retryable uint32 // bit i set: codes.Code(i) is retryable
+}
+
+func newResolved(p policy.Policy) *resolved {
+	r := &resolved{p: p.WithDefaults()}
+	for _, c := range r.p.RetryableCodes {
+		r.retryable |= 1 << c
+	}
+	return r
+}
+
+func (r *resolved) retryableCode(c codes.Code) bool { return c < 32 && r.retryable&(1<<c) != 0 }
+
+// New returns an interceptor configured by opts. Every option is checked
+// here: an unusable value is an error that names the option, the field and
+// the value, and nothing is left to fail at call time.
+func New(opts ...Option) (*Interceptor, error) {
+	c := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	ic := &Interceptor{
+		policy: newResolved(c.policy),
+		clock:  c.clock,
+		rand:   c.rand,
+	}
+	ic.tracing.init(c.tp)
+	ic.buffers.New = func() any { return new(attemptBuffer) }
+	for name, p := range c.methods {
+		if strings.HasSuffix(name, "/") {
+			if ic.services == nil {
+				ic.services = make(map[string]*resolved)
+			}
+			ic.services[name] = newResolved(p)
+		} else {
+			if ic.methods == nil {
+				ic.methods = make(map[string]*resolved)
+			}
+			ic.methods[name] = newResolved(p)
+		}
+	}
+	if !c.noBreaker {
+		g, err := breaker.NewGroup(c.breaker)
+		if err != nil { // validate has checked; kept so no error is dropped
+			return nil, err
+		}
+		ic.breakers = g
+	}
+	return ic, nil
+}
+
+// DialOptions returns the options that install the interceptor on a
+// connection: grpc.NewClient(target, ic.DialOptions()...). They chain, so
+// interceptors given before them run once per call, and those given after
+// them run once per attempt.
+func (ic *Interceptor) DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(ic.Unary()),
+		grpc.WithChainStreamInterceptor(ic.Stream()),
+	}
+}
+
+// Breakers returns the interceptor's circuit breakers, or nil when it has
+// none (WithoutBreaker).
+func (ic *Interceptor) Breakers() *breaker.Group { return ic.breakers }
+
+// policyFor picks the policy of a call: a CallPolicy or NoRetry option, then
+// the method's policy, then its service's, then the default. It allocates
+// nothing.
+func (ic *Interceptor) policyFor(method string, opts []grpc.CallOption) (p *resolved, noRetry bool, err error) {
+	for _, o := range opts {
+		switch o := o.(type) {
+		case *callPolicyOption:
+			p, err = o.p, o.err
+		case noRetryOption:
+			noRetry = true
+		}
+	}
+	if p != nil || err != nil {
+		return p, noRetry, err
+	}
+	if ic.methods != nil {
+		if p, ok := ic.methods[method]; ok {
+			return p, noRetry, nil
+		}
+	}
+	if ic.services != nil {
+		if i := strings.LastIndexByte(method, '/'); i > 0 {
+			if p, ok := ic.services[method[:i+1]]; ok {
+				return p, noRetry, nil
+			}
+		}
+	}
+	return ic.policy, noRetry, nil
+}
+
+// wait blocks for d on the interceptor's clock, or until done closes. It
+// reports whether the full wait passed.
+func (ic *Interceptor) wait(done <-chan struct{}, d time.Duration) bool {
+	if d <= 0 {
+		select {
+		case <-done:
+			return false
+		default:
+			return true
+		}
+	}
+	t := ic.clock.NewTimer(d)
+	select {
+	case <-t.C():
+		return true
+	case <-done:
+		t.Stop()
+		return false
+	}
+}

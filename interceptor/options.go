@@ -1,0 +1,163 @@
+package interceptor
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/policy"
+)
+
+// Option configures an [Interceptor] in [New].
+type Option interface {
+	apply(*config)
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// config is what the options build; New validates it.
+type config struct {
+	policy      policy.Policy
+	methods     map[string]policy.Policy // full method or "/pkg.Svc/" -> policy
+	methodOrder []string                 // for errors in the order given
+	breaker     breaker.Settings
+	noBreaker   bool
+	tp          trace.TracerProvider // nil: the global provider
+	mp          metric.MeterProvider // nil: the global provider
+	clock       clock
+	rand        func() float64
+}
+
+func defaultConfig() config {
+	return config{
+		policy: policy.Default(),
+		clock:  realClock{},
+		rand:   rand.Float64,
+	}
+}
+
+// WithPolicy sets the policy of every call that no method policy or call
+// option overrides. Without it, calls use [policy.Default]. Zero fields of p
+// mean their defaults; note that p.Jitter's zero value is NoJitter.
+func WithPolicy(p policy.Policy) Option {
+	return optionFunc(func(c *config) { c.policy = p })
+}
+
+// WithMethodPolicy sets the policy of one method ("/pkg.Service/Method") or
+// of every method of a service ("/pkg.Service/"). A method's own policy wins
+// over its service's, which wins over WithPolicy. Given twice for the same
+// name, the last wins.
+func WithMethodPolicy(fullMethod string, p policy.Policy) Option {
+	return optionFunc(func(c *config) {
+		if c.methods == nil {
+			c.methods = make(map[string]policy.Policy)
+		}
+		if _, dup := c.methods[fullMethod]; !dup {
+			c.methodOrder = append(c.methodOrder, fullMethod)
+		}
+		c.methods[fullMethod] = p
+	})
+}
+
+// WithBreaker sets the circuit breaker's settings. The breaker is on by
+// default with the zero Settings (see package breaker for what they mean).
+func WithBreaker(s breaker.Settings) Option {
+	return optionFunc(func(c *config) { c.breaker, c.noBreaker = s, false })
+}
+
+// WithoutBreaker turns the circuit breaker off.
+func WithoutBreaker() Option {
+	return optionFunc(func(c *config) { c.noBreaker = true })
+}
+
+// WithTracerProvider sets where spans go. The default, and a nil tp, is the
+// global provider as it is at each call, so a provider installed after New
+// is still used.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(c *config) { c.tp = tp })
+}
+
+// WithMeterProvider sets where metrics go. The default, and a nil mp, is the
+// global provider. The interceptor records no metrics yet: this option is
+// accepted now so that code written against it keeps working when
+// instruments arrive.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) { c.mp = mp })
+}
+
+// withClock replaces the wall clock; tests use it to make waits instant.
+func withClock(cl clock) Option {
+	return optionFunc(func(c *config) {
+		if cl != nil {
+			c.clock = cl
+		}
+	})
+}
+
+// withRand replaces the source of the random numbers in [0, 1) that jitter
+// uses; tests use it to make waits exact.
+func withRand(r func() float64) Option {
+	return optionFunc(func(c *config) {
+		if r != nil {
+			c.rand = r
+		}
+	})
+}
+
+// validMethodName reports whether name is "/pkg.Service/Method" or
+// "/pkg.Service/".
+func validMethodName(name string) bool {
+	if !strings.HasPrefix(name, "/") {
+		return false
+	}
+	svc, method, ok := strings.Cut(name[1:], "/")
+	return ok && svc != "" && !strings.Contains(method, "/") && !strings.ContainsAny(name, " \t\n")
+}
+
+// clock is the time the retry loop reads and waits on.
+type clock interface {
+	Now() time.Time
+	NewTimer(d time.Duration) timer
+}
+
+type timer interface {
+	C() <-chan time.Time
+	Stop() bool
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                 { return time.Now() }
+func (realClock) NewTimer(d time.Duration) timer { return realTimer{time.NewTimer(d)} }
+
+type realTimer struct{ t *time.Timer }
+
+func (t realTimer) C() <-chan time.Time { return t.t.C }
+func (t realTimer) Stop() bool          { return t.t.Stop() }
+
+func (c *config) validate() error {
+	if err := c.policy.Validate(); err != nil {
+		return fmt.Errorf("interceptor: WithPolicy: %w", err)
+	}
+	for _, name := range c.methodOrder {
+		if !validMethodName(name) {
+			return fmt.Errorf(`interceptor: WithMethodPolicy: method name %q must look like "/pkg.Service/Method" or "/pkg.Service/"`, name)
+		}
+		if err := c.methods[name].Validate(); err != nil {
+			return fmt.Errorf("interceptor: WithMethodPolicy(%q): %w", name, err)
+		}
+	}
+	if !c.noBreaker {
+		if err := c.breaker.Validate(); err != nil {
+			return fmt.Errorf("interceptor: WithBreaker: %w", err)
+		}
+	}
+	return nil
+}

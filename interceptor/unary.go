@@ -1,0 +1,252 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard"
+	"github.com/herdguard/herdguard/breaker"
+)
+
+// AttemptMetadataKey is the metadata key that carries the attempt number on
+// every retry ("2", "3", ...). The first attempt carries none, so a server
+// can tell retries from first sends.
+const AttemptMetadataKey = "herdguard-attempt"
+
+// PushbackTrailerKey is the trailer by which a server tells the client how
+// many milliseconds to wait before retrying (gRFC A6). A negative or
+// malformed value means: do not retry.
+const PushbackTrailerKey = "grpc-retry-pushback-ms"
+
+// Unary returns the unary client interceptor.
+func (ic *Interceptor) Unary() grpc.UnaryClientInterceptor { return ic.unary }
+
+// attemptBuffer holds what an attempt adds to the caller's call options: a
+// trailer catcher for the pushback. It is pooled so that a call allocates
+// nothing for it.
+type attemptBuffer struct {
+	opts    []grpc.CallOption
+	trailer metadata.MD
+}
+
+// unaryCall is one logical unary call: fixed for the call, plus what its
+// attempts learn.
+type unaryCall struct {
+	ic      *Interceptor
+	p       *resolved
+	tracer  trace.Tracer // nil: tracing off
+	method  string
+	req     any
+	reply   any
+	cc      *grpc.ClientConn
+	invoker grpc.UnaryInvoker
+	buf     *attemptBuffer
+
+	attempts int
+	outcome  Outcome
+}
+
+func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	p, noRetry, err := ic.policyFor(method, opts)
+	tracer := ic.tracing.tracer()
+	var span trace.Span
+	if tracer != nil {
+		ctx, span = startCall(ctx, tracer, method)
+	}
+	if err != nil {
+		err = status.Error(codes.InvalidArgument, err.Error())
+		if span != nil {
+			endCall(span, 0, OutcomeInvalidCallOption, codes.InvalidArgument, err.Error())
+		}
+		return err
+	}
+
+	buf := ic.buffers.Get().(*attemptBuffer)
+	buf.opts = append(append(buf.opts[:0], opts...), grpc.Trailer(&buf.trailer))
+	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf}
+	maxAttempts := p.p.MaxAttempts
+	if noRetry {
+		maxAttempts = 1
+	}
+
+	if ic.breakers == nil {
+		err = c.run(ctx, maxAttempts)
+	} else {
+		b := ic.breakers.Get(cc.Target(), method)
+		var probe bool
+		before, after, berr := b.Execute(func(isProbe bool) herdguard.Verdict {
+			probe = isProbe
+			if isProbe {
+				maxAttempts = 1
+			}
+			err = c.run(ctx, maxAttempts)
+			return verdict(ctx, err)
+		})
+		if berr != nil {
+			err, c.outcome = berr, OutcomeBreakerOpen
+		}
+		if span != nil {
+			var oe *breaker.OpenError
+			if errors.As(berr, &oe) {
+				breakerRejected(span, oe)
+			}
+			if before != after {
+				breakerChanged(span, b.Scope(), before, after)
+			}
+			if probe {
+				span.SetAttributes(AttrBreakerProbe.Bool(true))
+			}
+		}
+	}
+
+	clear(buf.opts)
+	buf.opts, buf.trailer = buf.opts[:0], nil
+	ic.buffers.Put(buf)
+	if span != nil {
+		st := status.Convert(err)
+		endCall(span, c.attempts, c.outcome, st.Code(), st.Message())
+	}
+	return err
+}
+
+// verdict is what a finished call tells the breaker: the caller's own
+// cancellation or deadline says nothing about the server.
+func verdict(ctx context.Context, err error) herdguard.Verdict {
+	if err == nil {
+		return herdguard.Success
+	}
+	if ctx.Err() != nil {
+		return herdguard.Ignored
+	}
+	return herdguard.BreakerVerdict(status.Code(err))
+}
+
+// run makes the call's attempts, waiting between them, and returns the
+// call's error. It sets c.attempts and c.outcome.
+func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
+	var (
+		prev    time.Duration // the last wait, for decorrelated jitter
+		retries int           // retries since the start or the last pushback
+	)
+	for attempt := 1; ; attempt++ {
+		c.attempts = attempt
+		perAttemptTimeout, err := c.attempt(ctx, attempt)
+		if err == nil {
+			c.outcome = OutcomeOK
+			return nil
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			c.outcome = contextOutcome(ctxErr)
+			return err
+		}
+		code := status.Code(err)
+		if !c.p.retryableCode(code) && !(perAttemptTimeout && code == codes.DeadlineExceeded) {
+			c.outcome = OutcomeNotRetryable
+			return err
+		}
+		if attempt >= maxAttempts {
+			c.outcome = OutcomeExhausted
+			return &RetryError{Attempts: attempt, Outcome: OutcomeExhausted, Err: err}
+		}
+
+		jitter := c.p.p.Jitter.String()
+		var wait time.Duration
+		if ms, ok, present := pushback(c.buf.trailer); present {
+			if !ok {
+				c.outcome = OutcomePushbackStop
+				return &RetryError{Attempts: attempt, Outcome: OutcomePushbackStop, Err: err}
+			}
+			// gRFC A6: wait as told, then start the backoff afresh.
+			wait, jitter, retries, prev = ms, "pushback", 0, 0
+		} else {
+			retries++
+			wait = c.p.p.Backoff(retries, prev, c.ic.rand())
+			prev = wait
+		}
+		if deadline, ok := ctx.Deadline(); ok && c.ic.clock.Now().Add(wait).After(deadline) {
+			c.outcome = OutcomeDeadline
+			return &RetryError{Attempts: attempt, Outcome: OutcomeDeadline, Err: err}
+		}
+
+		var span trace.Span
+		if c.tracer != nil {
+			span = startBackoff(ctx, c.tracer, attempt+1, float64(wait)/float64(time.Millisecond), jitter)
+		}
+		waited := c.ic.wait(ctx.Done(), wait)
+		if span != nil {
+			span.End()
+		}
+		if !waited {
+			c.outcome = contextOutcome(ctx.Err())
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// attempt sends one attempt. perAttemptTimeout reports whether the attempt
+// ran out of its own PerAttemptTimeout while the caller's context lived.
+func (c *unaryCall) attempt(ctx context.Context, n int) (perAttemptTimeout bool, err error) {
+	if n > 1 {
+		ctx = metadata.AppendToOutgoingContext(ctx, AttemptMetadataKey, attemptNumber(n))
+	}
+	if d := c.p.p.PerAttemptTimeout; d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer func() {
+			perAttemptTimeout = errors.Is(ctx.Err(), context.DeadlineExceeded)
+			cancel()
+		}()
+	}
+	var span trace.Span
+	if c.tracer != nil {
+		ctx, span = startAttempt(ctx, c.tracer, n)
+	}
+	c.buf.trailer = nil
+	err = c.invoker(ctx, c.method, c.req, c.reply, c.cc, c.buf.opts...)
+	if span != nil {
+		st := status.Convert(err)
+		endAttempt(span, st.Code(), st.Message())
+	}
+	return false, err
+}
+
+func contextOutcome(err error) Outcome {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return OutcomeDeadline
+	}
+	return OutcomeCanceled
+}
+
+// pushback reads the server's retry pushback from a trailer. present is
+// false when there is none; ok is false when it says not to retry.
+func pushback(md metadata.MD) (wait time.Duration, ok, present bool) {
+	vals := md.Get(PushbackTrailerKey)
+	if len(vals) == 0 {
+		return 0, false, false
+	}
+	if len(vals) != 1 {
+		return 0, false, true
+	}
+	ms, err := strconv.ParseInt(vals[0], 10, 64)
+	if err != nil || ms < 0 || ms > int64(time.Duration(1<<63-1)/time.Millisecond) {
+		return 0, false, true
+	}
+	return time.Duration(ms) * time.Millisecond, true, true
+}
+
+var attemptNumbers = [...]string{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"}
+
+func attemptNumber(n int) string {
+	if n < len(attemptNumbers) {
+		return attemptNumbers[n]
+	}
+	return strconv.Itoa(n)
+}
