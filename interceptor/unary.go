@@ -191,8 +191,10 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	}
 }
 
-// attempt sends one attempt. perAttemptTimeout reports whether the attempt
-// ran out of its own PerAttemptTimeout while the caller's context lived.
+// attempt sends one attempt. perAttemptTimeout reports whether it ran under
+// a PerAttemptTimeout: gRPC sends that deadline to the server too, and the
+// server's copy, rounded down on the wire, can end the attempt first, so any
+// DeadlineExceeded of such an attempt is its timeout.
 func (c *unaryCall) attempt(ctx context.Context, n int) (perAttemptTimeout bool, err error) {
 	if n > 1 {
 		ctx = metadata.AppendToOutgoingContext(ctx, AttemptMetadataKey, attemptNumber(n))
@@ -200,10 +202,8 @@ func (c *unaryCall) attempt(ctx context.Context, n int) (perAttemptTimeout bool,
 	if d := c.p.p.PerAttemptTimeout; d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d)
-		defer func() {
-			perAttemptTimeout = errors.Is(ctx.Err(), context.DeadlineExceeded)
-			cancel()
-		}()
+		defer cancel()
+		perAttemptTimeout = true
 	}
 	var span trace.Span
 	if c.tracer != nil {
@@ -215,7 +215,7 @@ func (c *unaryCall) attempt(ctx context.Context, n int) (perAttemptTimeout bool,
 		st := status.Convert(err)
 		endAttempt(span, st.Code(), st.Message())
 	}
-	return false, err
+	return perAttemptTimeout, err
 }
 
 func contextOutcome(err error) Outcome {

@@ -1,0 +1,271 @@
+package interceptor
+
+import (
+	"context"
+	"testing"
+
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/policy"
+)
+
+func newRecorder() (*tracetest.SpanRecorder, *sdktrace.TracerProvider) {
+	rec := tracetest.NewSpanRecorder()
+	return rec, sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+}
+
+func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
+	m := map[attribute.Key]attribute.Value{}
+	for _, kv := range s.Attributes() {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+func spansNamed(spans []sdktrace.ReadOnlySpan, name string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range spans {
+		if s.Name() == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func TestSpanTree(t *testing.T) {
+	rec, tp := newRecorder()
+	sc := fail(codes.Unavailable, codes.Unavailable, codes.OK)
+	sc.trailers = map[int]metadata.MD{1: metadata.Pairs(PushbackTrailerKey, "30")}
+	_, c, _, _ := setup(t, sc, WithTracerProvider(tp), WithPolicy(tablePolicy))
+	if err := call(t, c); err != nil {
+		t.Fatal(err)
+	}
+	spans := rec.Ended()
+	calls := spansNamed(spans, "grpc.testing.TestService/UnaryCall")
+	if len(calls) != 1 {
+		t.Fatalf("%d call spans, want 1 (spans: %d)", len(calls), len(spans))
+	}
+	cs := calls[0]
+	if cs.SpanKind() != trace.SpanKindClient {
+		t.Errorf("call span kind %v, want client", cs.SpanKind())
+	}
+	a := attrs(cs)
+	for k, want := range map[attribute.Key]any{
+		"rpc.system.name":          "grpc",
+		"rpc.method":               "grpc.testing.TestService/UnaryCall",
+		"rpc.response.status_code": "OK",
+		AttrAttempts:               int64(3),
+		AttrOutcome:                "ok",
+	} {
+		if got := a[k].AsInterface(); got != want {
+			t.Errorf("call span %s = %v, want %v", k, got, want)
+		}
+	}
+	if cs.InstrumentationScope().Name != ScopeName || cs.InstrumentationScope().Version != Version {
+		t.Errorf("instrumentation scope %+v", cs.InstrumentationScope())
+	}
+
+	attempts, backoffs := spansNamed(spans, SpanAttempt), spansNamed(spans, SpanBackoff)
+	if len(attempts) != 3 || len(backoffs) != 2 {
+		t.Fatalf("%d attempt and %d backoff spans, want 3 and 2", len(attempts), len(backoffs))
+	}
+	wantCodes := []string{"UNAVAILABLE", "UNAVAILABLE", "OK"}
+	for i, s := range attempts {
+		if s.Parent().SpanID() != cs.SpanContext().SpanID() {
+			t.Errorf("attempt %d is not a child of the call span", i+1)
+		}
+		a := attrs(s)
+		if got := a[AttrAttempt].AsInt64(); got != int64(i+1) {
+			t.Errorf("attempt span %d has %s = %d", i+1, AttrAttempt, got)
+		}
+		if got := a["rpc.response.status_code"].AsString(); got != wantCodes[i] {
+			t.Errorf("attempt %d status %q, want %q", i+1, got, wantCodes[i])
+		}
+	}
+	wantBackoff := []struct {
+		next   int64
+		ms     float64
+		jitter string
+	}{{2, 10, "none"}, {3, 30, "pushback"}}
+	for i, s := range backoffs {
+		if s.Parent().SpanID() != cs.SpanContext().SpanID() {
+			t.Errorf("backoff %d is not a child of the call span", i+1)
+		}
+		a, w := attrs(s), wantBackoff[i]
+		if a[AttrAttempt].AsInt64() != w.next || a[AttrBackoffDelayMS].AsFloat64() != w.ms || a[AttrBackoffJitter].AsString() != w.jitter {
+			t.Errorf("backoff %d: attempt %v, delay %v ms, jitter %v; want %d, %v, %q", i+1,
+				a[AttrAttempt].AsInt64(), a[AttrBackoffDelayMS].AsFloat64(), a[AttrBackoffJitter].AsString(), w.next, w.ms, w.jitter)
+		}
+	}
+	// attempt 1 ends before backoff 1 starts, which ends before attempt 2
+	if !attempts[0].EndTime().Before(backoffs[0].StartTime()) && !attempts[0].EndTime().Equal(backoffs[0].StartTime()) {
+		t.Error("the first backoff started before the first attempt ended")
+	}
+}
+
+func TestSpanOutcomes(t *testing.T) {
+	tests := []struct {
+		name    string
+		sc      *script
+		opts    []Option
+		outcome Outcome
+		code    string
+		n       int64
+	}{
+		{"exhausted", fail(codes.Unavailable), nil, OutcomeExhausted, "UNAVAILABLE", 3},
+		{"not retryable", fail(codes.NotFound), nil, OutcomeNotRetryable, "NOT_FOUND", 1},
+		{"pushback stop", func() *script {
+			s := fail(codes.Unavailable)
+			s.trailers = map[int]metadata.MD{0: metadata.Pairs(PushbackTrailerKey, "-1")}
+			return s
+		}(), nil, OutcomePushbackStop, "UNAVAILABLE", 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec, tp := newRecorder()
+			_, c, _, _ := setup(t, tt.sc, append(tt.opts, WithTracerProvider(tp))...)
+			call(t, c)
+			cs := spansNamed(rec.Ended(), "grpc.testing.TestService/UnaryCall")
+			if len(cs) != 1 {
+				t.Fatalf("%d call spans", len(cs))
+			}
+			a := attrs(cs[0])
+			if a[AttrOutcome].AsString() != string(tt.outcome) || a["rpc.response.status_code"].AsString() != tt.code || a[AttrAttempts].AsInt64() != tt.n {
+				t.Errorf("outcome %q code %q attempts %d; want %q %q %d", a[AttrOutcome].AsString(),
+					a["rpc.response.status_code"].AsString(), a[AttrAttempts].AsInt64(), tt.outcome, tt.code, tt.n)
+			}
+			if cs[0].Status().Code.String() != "Error" {
+				t.Errorf("span status %v, want Error", cs[0].Status())
+			}
+		})
+	}
+}
+
+func TestSpanDeadlineAndCancelOutcomes(t *testing.T) {
+	rec, tp := newRecorder()
+	p := policy.Policy{MaxAttempts: 5, InitialBackoff: 10 * ms * 1000}
+	_, c, _, _ := setup(t, fail(codes.Unavailable), WithTracerProvider(tp), WithPolicy(p), WithoutBreaker())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*ms*1000)
+	defer cancel()
+	c.UnaryCall(ctx, nil)
+	ctx, cancel = context.WithCancel(context.Background())
+	cancel()
+	c.UnaryCall(ctx, nil)
+	cs := spansNamed(rec.Ended(), "grpc.testing.TestService/UnaryCall")
+	if len(cs) != 2 {
+		t.Fatalf("%d call spans, want 2", len(cs))
+	}
+	if got := attrs(cs[0])[AttrOutcome].AsString(); got != string(OutcomeDeadline) {
+		t.Errorf("outcome %q, want deadline", got)
+	}
+	if got := attrs(cs[1])[AttrOutcome].AsString(); got != string(OutcomeCanceled) {
+		t.Errorf("outcome %q, want canceled", got)
+	}
+}
+
+func TestSpanBreakerEvents(t *testing.T) {
+	rec, tp := newRecorder()
+	_, c, _, _ := setup(t, fail(codes.Unavailable), WithTracerProvider(tp), WithBreaker(breaker.Settings{ConsecutiveFailures: 1}))
+	call(t, c) // trips the breaker
+	call(t, c) // refused
+	cs := spansNamed(rec.Ended(), "grpc.testing.TestService/UnaryCall")
+	if len(cs) != 2 {
+		t.Fatalf("%d call spans, want 2", len(cs))
+	}
+	ev := cs[0].Events()
+	if len(ev) != 1 || ev[0].Name != EventBreakerStateChange {
+		t.Fatalf("tripping call's events %v, want one %s", ev, EventBreakerStateChange)
+	}
+	got := map[attribute.Key]string{}
+	for _, kv := range ev[0].Attributes {
+		got[kv.Key] = kv.Value.AsString()
+	}
+	if got[AttrBreakerFrom] != "closed" || got[AttrBreakerTo] != "open" || got[AttrBreakerScope] != testserver.Target {
+		t.Errorf("state change event %v", got)
+	}
+	if ev := cs[1].Events(); len(ev) != 1 || ev[0].Name != EventBreakerRejected {
+		t.Errorf("refused call's events %v, want one %s", ev, EventBreakerRejected)
+	}
+	a := attrs(cs[1])
+	if a[AttrOutcome].AsString() != string(OutcomeBreakerOpen) || a[AttrAttempts].AsInt64() != 0 {
+		t.Errorf("refused call: outcome %q attempts %d, want breaker_open and 0", a[AttrOutcome].AsString(), a[AttrAttempts].AsInt64())
+	}
+	if n := len(spansNamed(rec.Ended(), SpanAttempt)); n != 3 {
+		t.Errorf("%d attempt spans, want 3 (the refused call sends none)", n)
+	}
+}
+
+// TestOtelgrpcSpansNestUnderAttempts checks that a stats handler sees each
+// attempt's context: otelgrpc's client span is a child of our attempt span.
+func TestOtelgrpcSpansNestUnderAttempts(t *testing.T) {
+	rec, tp := newRecorder()
+	srv := testserver.Start(t, &testserver.Server{Unary: fail(codes.Unavailable, codes.OK).unary})
+	ic, err := New(WithTracerProvider(tp), withClock(newFakeClock()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, append(ic.DialOptions(), grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(tp))))...)
+	if err := call(t, c); err != nil {
+		t.Fatal(err)
+	}
+	spans := rec.Ended()
+	attempts := spansNamed(spans, SpanAttempt)
+	if len(attempts) != 2 {
+		t.Fatalf("%d attempt spans, want 2", len(attempts))
+	}
+	var nested int
+	for _, s := range spans {
+		if s.InstrumentationScope().Name == ScopeName {
+			continue
+		}
+		for _, a := range attempts {
+			if s.Parent().SpanID() == a.SpanContext().SpanID() {
+				nested++
+			}
+		}
+	}
+	if nested != 2 {
+		t.Errorf("%d otelgrpc spans are children of attempt spans, want 2", nested)
+	}
+}
+
+func TestGlobalProviderInstalledAfterNew(t *testing.T) {
+	srv, c, _, _ := setup(t, fail(codes.OK))
+	call(t, c) // global provider not set: no spans, no failure
+	rec, tp := newRecorder()
+	old := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(old) })
+	if err := call(t, c); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(spansNamed(rec.Ended(), "grpc.testing.TestService/UnaryCall")); n != 1 {
+		t.Errorf("%d call spans after installing a global provider, want 1", n)
+	}
+	_ = srv
+}
+
+func TestNoopProviderIsOff(t *testing.T) {
+	var tr tracing
+	tr.init(nil)
+	// with no SDK installed the global provider records nothing
+	if _, isSet := otel.GetTracerProvider().(*sdktrace.TracerProvider); !isSet && tr.tracer() != nil {
+		t.Error("tracing reported on with the global no-op provider")
+	}
+	_, tp := newRecorder()
+	var on tracing
+	on.init(tp)
+	if on.tracer() == nil {
+		t.Error("tracing reported off with an SDK provider")
+	}
+}
