@@ -9,6 +9,8 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -39,13 +41,18 @@ func (f *fakeClock) Now() time.Time {
 }
 
 func (f *fakeClock) NewTimer(d time.Duration) timer {
+	t := &fakeTimer{clock: f, c: make(chan time.Time, 1)}
+	t.Reset(d)
+	return t
+}
+
+// advance records a wait of d and moves the clock past it.
+func (f *fakeClock) advance(d time.Duration) time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.waits = append(f.waits, d)
 	f.now = f.now.Add(d)
-	c := make(chan time.Time, 1)
-	c <- f.now
-	return firedTimer(c)
+	return f.now
 }
 
 func (f *fakeClock) Waits() []time.Duration {
@@ -54,10 +61,22 @@ func (f *fakeClock) Waits() []time.Duration {
 	return append([]time.Duration(nil), f.waits...)
 }
 
-type firedTimer chan time.Time
+// fakeTimer fires as soon as it is set.
+type fakeTimer struct {
+	clock *fakeClock
+	c     chan time.Time
+}
 
-func (t firedTimer) C() <-chan time.Time { return t }
-func (t firedTimer) Stop() bool          { return false }
+func (t *fakeTimer) C() <-chan time.Time { return t.c }
+func (t *fakeTimer) Stop() bool          { return false }
+func (t *fakeTimer) Reset(d time.Duration) bool {
+	select { // drop a fire nobody read, as time.Timer does
+	case <-t.c:
+	default:
+	}
+	t.c <- t.clock.advance(d)
+	return false
+}
 
 // fixedRand returns the given numbers in turn, then repeats the last.
 func fixedRand(rs ...float64) func() float64 {
@@ -143,3 +162,5 @@ func call(t *testing.T, c testgrpc.TestServiceClient, opts ...grpc.CallOption) e
 	_, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{}, opts...)
 	return err
 }
+
+func insecureCreds() credentials.TransportCredentials { return insecure.NewCredentials() }

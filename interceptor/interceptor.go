@@ -3,7 +3,6 @@ package interceptor
 import (
 	"strings"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -130,25 +129,4 @@ func (ic *Interceptor) policyFor(method string, opts []grpc.CallOption) (p *reso
 		}
 	}
 	return ic.policy, noRetry, nil
-}
-
-// wait blocks for d on the interceptor's clock, or until done closes. It
-// reports whether the full wait passed.
-func (ic *Interceptor) wait(done <-chan struct{}, d time.Duration) bool {
-	if d <= 0 {
-		select {
-		case <-done:
-			return false
-		default:
-			return true
-		}
-	}
-	t := ic.clock.NewTimer(d)
-	select {
-	case <-t.C():
-		return true
-	case <-done:
-		t.Stop()
-		return false
-	}
 }

@@ -127,9 +127,12 @@ type clock interface {
 	NewTimer(d time.Duration) timer
 }
 
+// timer is a reusable timer: after Stop or a fire, Reset starts it again
+// with nothing stale in its channel (time.Timer's behaviour since Go 1.23).
 type timer interface {
 	C() <-chan time.Time
 	Stop() bool
+	Reset(d time.Duration) bool
 }
 
 type realClock struct{}
@@ -139,8 +142,9 @@ func (realClock) NewTimer(d time.Duration) timer { return realTimer{time.NewTime
 
 type realTimer struct{ t *time.Timer }
 
-func (t realTimer) C() <-chan time.Time { return t.t.C }
-func (t realTimer) Stop() bool          { return t.t.Stop() }
+func (t realTimer) C() <-chan time.Time        { return t.t.C }
+func (t realTimer) Stop() bool                 { return t.t.Stop() }
+func (t realTimer) Reset(d time.Duration) bool { return t.t.Reset(d) }
 
 func (c *config) validate() error {
 	if err := c.policy.Validate(); err != nil {

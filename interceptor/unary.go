@@ -35,6 +35,7 @@ func (ic *Interceptor) Unary() grpc.UnaryClientInterceptor { return ic.unary }
 type attemptBuffer struct {
 	opts    []grpc.CallOption
 	trailer metadata.MD
+	timer   timer // made on the first wait, then reset
 }
 
 // unaryCall is one logical unary call: fixed for the call, plus what its
@@ -133,12 +134,30 @@ func verdict(ctx context.Context, err error) herdguard.Verdict {
 // call's error. It sets c.attempts and c.outcome.
 func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	var (
-		prev    time.Duration // the last wait, for decorrelated jitter
-		retries int           // retries since the start or the last pushback
+		prev     time.Duration // the last wait, for decorrelated jitter
+		retries  int           // retries since the start or the last pushback
+		retryCtx context.Context
+		retryMD  metadata.MD
 	)
 	for attempt := 1; ; attempt++ {
 		c.attempts = attempt
-		perAttemptTimeout, err := c.attempt(ctx, attempt)
+		actx := ctx
+		if attempt > 1 {
+			// One outgoing context serves every retry of the call; only the
+			// attempt number in its metadata changes, once the attempt before
+			// has returned. That costs a few allocations per call, not per
+			// attempt.
+			if retryCtx == nil {
+				retryMD, _ = metadata.FromOutgoingContext(ctx)
+				if retryMD == nil {
+					retryMD = make(metadata.MD, 1)
+				}
+				retryCtx = metadata.NewOutgoingContext(ctx, retryMD)
+			}
+			retryMD[AttemptMetadataKey] = attemptValue(attempt)
+			actx = retryCtx
+		}
+		perAttemptTimeout, err := c.attempt(actx, attempt, attempt < maxAttempts)
 		if err == nil {
 			c.outcome = OutcomeOK
 			return nil
@@ -180,7 +199,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		if c.tracer != nil {
 			span = startBackoff(ctx, c.tracer, attempt+1, float64(wait)/float64(time.Millisecond), jitter)
 		}
-		waited := c.ic.wait(ctx.Done(), wait)
+		waited := c.wait(ctx.Done(), wait)
 		if span != nil {
 			span.End()
 		}
@@ -195,10 +214,10 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 // a PerAttemptTimeout: gRPC sends that deadline to the server too, and the
 // server's copy, rounded down on the wire, can end the attempt first, so any
 // DeadlineExceeded of such an attempt is its timeout.
-func (c *unaryCall) attempt(ctx context.Context, n int) (perAttemptTimeout bool, err error) {
-	if n > 1 {
-		ctx = metadata.AppendToOutgoingContext(ctx, AttemptMetadataKey, attemptNumber(n))
-	}
+//
+// The trailer, where a pushback would come, is only caught when another
+// attempt may follow: gRPC copies it for every attempt that asks.
+func (c *unaryCall) attempt(ctx context.Context, n int, mayRetry bool) (perAttemptTimeout bool, err error) {
 	if d := c.p.p.PerAttemptTimeout; d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d)
@@ -210,7 +229,11 @@ func (c *unaryCall) attempt(ctx context.Context, n int) (perAttemptTimeout bool,
 		ctx, span = startAttempt(ctx, c.tracer, n)
 	}
 	c.buf.trailer = nil
-	err = c.invoker(ctx, c.method, c.req, c.reply, c.cc, c.buf.opts...)
+	opts := c.buf.opts
+	if !mayRetry {
+		opts = opts[:len(opts)-1] // the trailer catcher is last
+	}
+	err = c.invoker(ctx, c.method, c.req, c.reply, c.cc, opts...)
 	if span != nil {
 		st := status.Convert(err)
 		endAttempt(span, st.Code(), st.Message())
@@ -242,11 +265,42 @@ func pushback(md metadata.MD) (wait time.Duration, ok, present bool) {
 	return time.Duration(ms) * time.Millisecond, true, true
 }
 
-var attemptNumbers = [...]string{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"}
-
-func attemptNumber(n int) string {
-	if n < len(attemptNumbers) {
-		return attemptNumbers[n]
+// wait blocks for d on the interceptor's clock, or until done closes, and
+// reports whether the full wait passed. The call's timer is reused.
+func (c *unaryCall) wait(done <-chan struct{}, d time.Duration) bool {
+	if d <= 0 {
+		select {
+		case <-done:
+			return false
+		default:
+			return true
+		}
 	}
-	return strconv.Itoa(n)
+	if c.buf.timer == nil {
+		c.buf.timer = c.ic.clock.NewTimer(d)
+	} else {
+		c.buf.timer.Reset(d)
+	}
+	select {
+	case <-c.buf.timer.C():
+		return true
+	case <-done:
+		c.buf.timer.Stop()
+		return false
+	}
+}
+
+// attemptValues are the metadata values of the first retries, made once.
+var attemptValues = func() (v [11][]string) {
+	for i := range v {
+		v[i] = []string{strconv.Itoa(i)}
+	}
+	return v
+}()
+
+func attemptValue(n int) []string {
+	if n < len(attemptValues) {
+		return attemptValues[n]
+	}
+	return []string{strconv.Itoa(n)}
 }

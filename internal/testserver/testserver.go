@@ -48,6 +48,10 @@ type Server struct {
 	ClientStream ClientStreamFunc
 	Bidi         BidiFunc
 
+	// NoRecord turns off the recording of attempts (Attempts, Requests), so
+	// that benchmarks measure gRPC and the interceptor alone.
+	NoRecord bool
+
 	lis *bufconn.Listener
 
 	mu       sync.Mutex
@@ -58,10 +62,13 @@ type Server struct {
 func Start(tb testing.TB, s *Server, opts ...grpc.ServerOption) *Server {
 	tb.Helper()
 	s.lis = bufconn.Listen(1 << 20)
-	srv := grpc.NewServer(append([]grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(s.recordUnary),
-		grpc.ChainStreamInterceptor(s.recordStream),
-	}, opts...)...)
+	if !s.NoRecord {
+		opts = append([]grpc.ServerOption{
+			grpc.ChainUnaryInterceptor(s.recordUnary),
+			grpc.ChainStreamInterceptor(s.recordStream),
+		}, opts...)
+	}
+	srv := grpc.NewServer(opts...)
 	testgrpc.RegisterTestServiceServer(srv, s)
 	done := make(chan struct{})
 	go func() {
