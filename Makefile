@@ -1,0 +1,82 @@
+# herdguard: `make demo` shows a retry storm and what tames it; `make test`
+# runs every test. Both need nothing but Go (and a C compiler for -race).
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+BIN := $(CURDIR)/bin
+GO ?= go
+
+# Tools, pinned, installed into ./bin by `go install` when a target needs them.
+BUF_VERSION                := v1.75.0
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+BENCHSTAT_VERSION          := v0.0.0-20260908200009-22c9c6c9d4da
+
+# Demo knobs: make demo DEMO_ARGS='-calls 500'
+DEMO_ARGS ?=
+BENCH_COUNT ?= 5
+BENCH_OUT := .bench
+
+.PHONY: help
+help: ## Show the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: test
+test: ## Run all tests with the race detector
+	$(GO) test -race -count=1 ./...
+
+.PHONY: build
+build: ## Build the demo server and client into ./bin
+	$(GO) build -o $(BIN)/demo-server ./cmd/demo-server
+	$(GO) build -o $(BIN)/demo-client ./cmd/demo-client
+
+.PHONY: demo
+demo: build ## Start the demo server on 127.0.0.1, run the client against it, stop the server
+	@addr_file=$$(mktemp); rm -f "$$addr_file"; \
+	$(BIN)/demo-server -addr 127.0.0.1:0 -addr-file "$$addr_file" & server=$$!; \
+	trap 'kill $$server 2>/dev/null || true; wait $$server 2>/dev/null || true; rm -f "$$addr_file"' EXIT; \
+	for i in $$(seq 100); do [ -s "$$addr_file" ] && break; sleep 0.05; done; \
+	[ -s "$$addr_file" ] || { echo "demo-server did not start" >&2; exit 1; }; \
+	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(DEMO_ARGS)
+
+.PHONY: bench
+bench: $(BIN)/benchstat ## Run the benchmarks (5 times by default); raw results and a benchstat summary in .bench/
+	@mkdir -p $(BENCH_OUT)
+	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./... | tee $(BENCH_OUT)/raw.txt
+	$(BIN)/benchstat $(BENCH_OUT)/raw.txt | tee $(BENCH_OUT)/summary.txt
+
+.PHONY: lint
+lint: $(BIN)/buf ## go vet, gofmt, buf lint, buf format, and a check that generated code is fresh
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
+	if [ -n "$$out" ]; then echo "gofmt wants to change:"; echo "$$out"; exit 1; fi
+	$(BIN)/buf lint
+	$(BIN)/buf format --diff --exit-code
+	$(MAKE) checkgenerate
+
+.PHONY: proto
+proto: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc ## Regenerate the Go code from proto/ with local plugins
+	$(BIN)/buf generate
+
+.PHONY: checkgenerate
+checkgenerate: proto ## Fail when the committed generated code is stale
+	@git diff --exit-code -- proto || { echo "generated code is stale: run make proto and commit" >&2; exit 1; }
+
+$(BIN)/buf:
+	GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+
+$(BIN)/protoc-gen-go:
+	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+
+$(BIN)/protoc-gen-go-grpc:
+	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+$(BIN)/benchstat:
+	GOBIN=$(BIN) $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+
+.PHONY: clean
+clean: ## Remove ./bin and benchmark output
+	rm -rf $(BIN) $(BENCH_OUT)

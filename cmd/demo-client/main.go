@@ -1,0 +1,261 @@
+// Command demo-client reproduces the retry-storm experiment over real gRPC:
+// it fires a herd of calls at the demo server through herdguard configured
+// as each strategy and prints what the server counted.
+//
+//	demo-client -addr 127.0.0.1:7000 -compare -scale 5 -svg storm.svg
+//	demo-client -addr 127.0.0.1:7000 -strategy "exponential + full jitter" -trace
+//
+// -scale divides every duration (waits, windows, outages) so a comparison
+// fits in about a minute; -scale 1 reproduces the published times.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/herdguard/herdguard/internal/stormlab"
+)
+
+type options struct {
+	addr, strategy, scenario, svg, otlp string
+	calls, attempts, samples, width     int
+	base                                time.Duration
+	scale                               float64
+	compare, trace                      bool
+}
+
+func main() {
+	log.SetFlags(0)
+	log.SetPrefix("demo-client: ")
+	var o options
+	flag.StringVar(&o.addr, "addr", "", "the demo server, host:port on loopback (required)")
+	flag.BoolVar(&o.compare, "compare", false, "run every strategy, one after another, and print one table")
+	flag.StringVar(&o.strategy, "strategy", "herdguard defaults", "the strategy to run without -compare: "+strategyNames())
+	flag.StringVar(&o.scenario, "scenario", "", `"published", "overload" or "all" (default: all with -compare, else published)`)
+	flag.IntVar(&o.calls, "calls", 1000, "calls fired at the same instant")
+	flag.IntVar(&o.attempts, "attempts", 5, "attempts per call, the first included")
+	flag.DurationVar(&o.base, "base", time.Second, "the first wait, at full scale")
+	flag.Float64Var(&o.scale, "scale", 1, "divide every duration by this (1 reproduces the published times)")
+	flag.StringVar(&o.svg, "svg", "", "also write the histograms to this SVG file")
+	flag.BoolVar(&o.trace, "trace", false, "print the span tree of a sample of retried calls")
+	flag.IntVar(&o.samples, "trace-samples", 1, "how many calls per strategy -trace prints")
+	flag.StringVar(&o.otlp, "otlp", "", "export spans over OTLP gRPC to this collector on loopback (host:port)")
+	flag.IntVar(&o.width, "width", 72, "columns of the terminal histograms")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, o, os.Stdout, os.Stderr); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func strategyNames() string {
+	var names []string
+	for _, s := range stormlab.Strategies(stormlab.Published()) {
+		names = append(names, fmt.Sprintf("%q", s.Name))
+	}
+	return strings.Join(names, ", ")
+}
+
+func run(ctx context.Context, o options, out, progress io.Writer) error {
+	if err := checkLoopback("-addr", o.addr); err != nil {
+		return err
+	}
+	if o.scale <= 0 || o.calls <= 0 || o.attempts <= 0 || o.base <= 0 {
+		return fmt.Errorf("-scale %v, -calls %d, -attempts %d and -base %v must all be positive", o.scale, o.calls, o.attempts, o.base)
+	}
+	scenarios, err := pickScenarios(o)
+	if err != nil {
+		return err
+	}
+
+	runner := &stormlab.Runner{Addr: o.addr}
+	var rec *tracetest.SpanRecorder
+	var tpOpts []sdktrace.TracerProviderOption
+	if o.trace {
+		rec = tracetest.NewSpanRecorder()
+		tpOpts = append(tpOpts, sdktrace.WithSpanProcessor(rec))
+	}
+	if o.otlp != "" {
+		if err := checkLoopback("-otlp", o.otlp); err != nil {
+			return err
+		}
+		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(o.otlp), otlptracegrpc.WithInsecure())
+		if err != nil {
+			return fmt.Errorf("-otlp %s: %w", o.otlp, err)
+		}
+		tpOpts = append(tpOpts, sdktrace.WithBatcher(exp))
+	}
+	var tp *sdktrace.TracerProvider
+	if len(tpOpts) > 0 {
+		tp = sdktrace.NewTracerProvider(tpOpts...)
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				log.Printf("flushing spans: %v", err)
+			}
+		}()
+		runner.TracerProvider = tp
+	}
+
+	total, n := 0, 0
+	for _, sc := range scenarios {
+		total += len(sc.strategies)
+	}
+	began := time.Now()
+	tty := isTerminal(progress)
+	runner.OnProgress = func(scenario, strategy string, done bool) {
+		switch {
+		case done:
+			n++
+			if tty {
+				fmt.Fprintf(progress, "\r\033[K")
+			}
+		case tty:
+			fmt.Fprintf(progress, "\r\033[K[%d/%d %4.0fs] %s: %s ...", n+1, total, time.Since(began).Seconds(), scenario, strategy)
+		default:
+			fmt.Fprintf(progress, "[%d/%d %4.0fs] %s: %s\n", n+1, total, time.Since(began).Seconds(), scenario, strategy)
+		}
+	}
+
+	var svgSections []stormlab.SVGSection
+	for _, sc := range scenarios {
+		scaled := sc.scenario.Scale(o.scale)
+		fmt.Fprintf(out, "\n== %s: %d calls at once, at most %d attempts, first wait %v, windows of %v (scale 1/%g) ==\n\n",
+			sc.scenario.Name, scaled.Calls, scaled.Attempts, scaled.Base, scaled.Faults.Window, o.scale)
+		var results []stormlab.Result
+		for _, st := range sc.strategies {
+			if rec != nil {
+				rec.Reset()
+			}
+			r, err := runner.Run(ctx, sc.scenario, st, o.scale)
+			if err != nil {
+				return err
+			}
+			results = append(results, r)
+			if rec != nil {
+				for _, tree := range stormlab.SampleTrees(rec.Ended(), o.samples) {
+					fmt.Fprintf(out, "span tree, %s:\n", st.Name)
+					stormlab.WriteSpanTree(out, tree[0], tree[1:])
+					fmt.Fprintln(out)
+				}
+			}
+		}
+		if err := stormlab.WriteTable(out, results); err != nil {
+			return err
+		}
+		fmt.Fprintln(out)
+		if err := stormlab.WriteOutcomes(out, results); err != nil {
+			return err
+		}
+		fmt.Fprintln(out)
+		if err := stormlab.WriteHistograms(out, results, o.width); err != nil {
+			return err
+		}
+		svgSections = append(svgSections, stormlab.SVGSection{Title: sc.scenario.Name + ": retries per window at the server", Results: results})
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintln(out, stormlab.Legend)
+
+	if o.svg != "" {
+		f, err := os.Create(o.svg)
+		if err != nil {
+			return err
+		}
+		if err := stormlab.WriteSVG(f, svgSections); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "wrote %s\n", o.svg)
+	}
+	return nil
+}
+
+type plannedScenario struct {
+	scenario   stormlab.Scenario
+	strategies []stormlab.Strategy
+}
+
+func pickScenarios(o options) ([]plannedScenario, error) {
+	which := o.scenario
+	if which == "" {
+		which = "published"
+		if o.compare {
+			which = "all"
+		}
+	}
+	var scs []stormlab.Scenario
+	switch which {
+	case "published":
+		scs = []stormlab.Scenario{stormlab.Published()}
+	case "overload":
+		scs = []stormlab.Scenario{stormlab.Overload()}
+	case "all":
+		scs = []stormlab.Scenario{stormlab.Published(), stormlab.Overload()}
+	default:
+		return nil, fmt.Errorf(`-scenario %q: want "published", "overload" or "all"`, which)
+	}
+	var out []plannedScenario
+	for _, sc := range scs {
+		sc.Calls, sc.Attempts, sc.Base = o.calls, o.attempts, o.base
+		all := stormlab.Strategies(sc)
+		if o.compare {
+			out = append(out, plannedScenario{sc, all})
+			continue
+		}
+		var picked []stormlab.Strategy
+		for _, st := range all {
+			if strings.EqualFold(st.Name, o.strategy) {
+				picked = append(picked, st)
+			}
+		}
+		if len(picked) == 0 {
+			return nil, fmt.Errorf("-strategy %q: want one of %s", o.strategy, strategyNames())
+		}
+		out = append(out, plannedScenario{sc, picked})
+	}
+	return out, nil
+}
+
+func checkLoopback(flagName, addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%s %q: %w", flagName, addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return errors.New(flagName + " " + addr + ": the demo talks to loopback addresses only")
+	}
+	return nil
+}
+
+// isTerminal reports whether w is a terminal, where a progress line that
+// rewrites itself makes sense.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,83 @@
+// Command demo-server is the storm lab's payment gateway: a gRPC server on
+// 127.0.0.1 that injects faults and counts every attempt it receives, first
+// attempts and retries apart, by arrival time.
+//
+//	demo-server -addr 127.0.0.1:0 -fail-rate 0.3
+//	demo-server -capacity 150 -recover-after 500ms
+//
+// The client may replace the faults at each reset (the ResetStats call).
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/herdguard/herdguard/internal/stormlab"
+)
+
+func main() {
+	log.SetFlags(0)
+	log.SetPrefix("demo-server: ")
+	var (
+		addr     = flag.String("addr", "127.0.0.1:0", "listen address on loopback; port 0 picks one and prints it")
+		addrFile = flag.String("addr-file", "", "also write the address to this file once listening")
+		f        stormlab.Faults
+	)
+	flag.Float64Var(&f.FailRate, "fail-rate", 0, "fail each attempt with Unavailable with this probability")
+	flag.DurationVar(&f.Outage, "outage", 0, "fail every attempt for this long after start (and after each reset)")
+	flag.IntVar(&f.Capacity, "capacity", 0, "attempts accepted per capacity window before the server overloads (0: unlimited)")
+	flag.DurationVar(&f.CapacityWindow, "capacity-window", 0, "the capacity window (default: the counting window)")
+	flag.DurationVar(&f.RecoverAfter, "recover-after", 0, "how long arrivals must stay within capacity to end an overload (default: one capacity window)")
+	flag.Float64Var(&f.LostReplyRate, "lost-reply-rate", 0, "apply a charge, then fail the attempt as if its reply were lost, with this probability")
+	flag.Int64Var(&f.Seed, "seed", 1, "seed of the random faults")
+	flag.DurationVar(&f.Window, "window", stormlab.DefaultWindow, "width of the counting windows")
+	flag.Parse()
+
+	if err := run(*addr, *addrFile, f); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(addr, addrFile string, f stormlab.Faults) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("-addr %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("-addr %q: the demo listens on loopback only", addr)
+	}
+	srv, err := stormlab.NewServer(f)
+	if err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	g := srv.Register()
+	fmt.Printf("demo-server listening on %s\n", lis.Addr())
+	if addrFile != "" {
+		if err := os.WriteFile(addrFile, []byte(lis.Addr().String()), 0o600); err != nil {
+			return err
+		}
+	}
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-stop
+		done := make(chan struct{})
+		go func() { g.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			g.Stop()
+		}
+	}()
+	return g.Serve(lis)
+}

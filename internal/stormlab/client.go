@@ -1,0 +1,247 @@
+package stormlab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/policy"
+	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
+)
+
+// Scenario is one experiment: a herd of calls against a server with
+// faults, all durations at full scale.
+type Scenario struct {
+	Name     string
+	Calls    int           // calls fired at the same instant
+	Attempts int           // attempts per call, the first included
+	Base     time.Duration // the first wait
+	Cap      time.Duration // the longest wait
+	Faults   Faults
+}
+
+// Published is the published experiment: 1000 calls, each attempt failing
+// with probability 30 %, at most 5 attempts, a 1 s base wait, retries
+// counted in 100 ms windows.
+func Published() Scenario {
+	return Scenario{
+		Name: "independent 30% failures", Calls: 1000, Attempts: 5,
+		Base: time.Second, Cap: time.Minute,
+		Faults: Faults{FailRate: 0.3, Seed: 1, Window: DefaultWindow},
+	}
+}
+
+// Overload is the load-dependent outage the published experiments lacked:
+// the server takes at most 150 attempts per 100 ms window; more overload it,
+// and it fails everything until arrivals have stayed within capacity for
+// 2 s. Every window over capacity restarts that count, so the harder it is
+// hit the longer it stays down, and retries that arrive together keep it
+// down.
+func Overload() Scenario {
+	return Scenario{
+		Name: "load-dependent overload", Calls: 1000, Attempts: 5,
+		Base: time.Second, Cap: time.Minute,
+		Faults: Faults{Capacity: 150, CapacityWindow: DefaultWindow, RecoverAfter: 2 * time.Second, Seed: 1, Window: DefaultWindow},
+	}
+}
+
+// Strategy is herdguard's interceptor configured one way.
+type Strategy struct {
+	Name    string
+	Policy  policy.Policy
+	Breaker *breaker.Settings // nil: no breaker
+}
+
+// Strategies returns the strategies compared in a scenario, in order: retry
+// at once, a fixed wait, exponential without jitter, exponential with full,
+// equal and decorrelated jitter, and herdguard's defaults (full jitter with
+// the breaker). All are herdguard policies; "at once" and "fixed" are
+// policies with multiplier 1.
+func Strategies(sc Scenario) []Strategy {
+	exp := func(j policy.Jitter) policy.Policy {
+		return policy.Policy{MaxAttempts: sc.Attempts, InitialBackoff: sc.Base, MaxBackoff: sc.Cap, Multiplier: 2, Jitter: j}
+	}
+	return []Strategy{
+		{Name: "retry at once", Policy: policy.Policy{MaxAttempts: sc.Attempts, InitialBackoff: 1, MaxBackoff: 1, Multiplier: 1}},
+		{Name: "fixed wait", Policy: policy.Policy{MaxAttempts: sc.Attempts, InitialBackoff: sc.Base, MaxBackoff: sc.Base, Multiplier: 1}},
+		{Name: "exponential", Policy: exp(policy.NoJitter)},
+		{Name: "exponential + full jitter", Policy: exp(policy.FullJitter)},
+		{Name: "exponential + equal jitter", Policy: exp(policy.EqualJitter)},
+		{Name: "exponential + decorrelated", Policy: exp(policy.DecorrelatedJitter)},
+		{Name: "herdguard defaults", Policy: exp(policy.FullJitter), Breaker: &breaker.Settings{}},
+	}
+}
+
+// Scale divides every duration of the scenario by s (s ≥ 1 shortens it).
+func (sc Scenario) Scale(s float64) Scenario {
+	sc.Base, sc.Cap = scaleDur(sc.Base, s), scaleDur(sc.Cap, s)
+	f := &sc.Faults
+	f.Outage, f.CapacityWindow, f.RecoverAfter, f.Window = scaleDur(f.Outage, s), scaleDur(f.CapacityWindow, s), scaleDur(f.RecoverAfter, s), scaleDur(f.Window, s)
+	return sc
+}
+
+// Scale divides every duration of the strategy by s.
+func (st Strategy) Scale(s float64) Strategy {
+	p := &st.Policy
+	if p.InitialBackoff > 1 {
+		p.InitialBackoff = scaleDur(p.InitialBackoff, s)
+	}
+	if p.MaxBackoff > 1 {
+		p.MaxBackoff = scaleDur(p.MaxBackoff, s)
+	}
+	if st.Breaker != nil {
+		b := st.Breaker.WithDefaults()
+		b.OpenTimeout, b.Window = scaleDur(b.OpenTimeout, s), scaleDur(b.Window, s)
+		st.Breaker = &b
+	}
+	return st
+}
+
+func scaleDur(d time.Duration, s float64) time.Duration {
+	if d <= 0 || s <= 0 {
+		return d
+	}
+	return max(time.Duration(float64(d)/s), time.Millisecond)
+}
+
+// Result is what one strategy did in one scenario. The server's counts are
+// in Stats; the client counts only what the server cannot see.
+type Result struct {
+	Scenario  string
+	Strategy  string
+	Calls     int
+	Succeeded int // calls that succeeded
+	Failed    int // calls that failed, breaker refusals included
+	FastFails int // calls the breaker refused without sending
+	// Outcomes counts the calls by how they ended: herdguard's outcome
+	// (ok, exhausted, breaker_open, ...) or, for an error herdguard passed
+	// on as it was, the status code.
+	Outcomes map[string]int
+	Elapsed  time.Duration
+	Stats    *demov1.GetStatsResponse
+}
+
+// Runner fires scenarios at a demo server.
+type Runner struct {
+	Addr           string               // the server, host:port on loopback
+	TracerProvider trace.TracerProvider // nil: the global provider
+	// OnProgress, if set, is called when a run starts and ends.
+	OnProgress func(scenario, strategy string, done bool)
+}
+
+// Run resets the server to the scenario's faults, fires the scenario's
+// calls at once through an interceptor configured as st, waits for all of
+// them, and returns what the server and the client counted. sc and st are
+// at full scale; every duration of both is divided by scale.
+func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float64) (Result, error) {
+	sc, st = sc.Scale(scale), st.Scale(scale)
+	res := Result{Scenario: sc.Name, Strategy: st.Name, Calls: sc.Calls}
+	control, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return res, err
+	}
+	defer control.Close()
+	ctl := demov1.NewGatewayServiceClient(control)
+
+	opts := []interceptor.Option{interceptor.WithPolicy(st.Policy), interceptor.WithTracerProvider(r.TracerProvider)}
+	if st.Breaker != nil {
+		opts = append(opts, interceptor.WithBreaker(*st.Breaker))
+	} else {
+		opts = append(opts, interceptor.WithoutBreaker())
+	}
+	ic, err := interceptor.New(opts...)
+	if err != nil {
+		return res, fmt.Errorf("strategy %q: %w", st.Name, err)
+	}
+	cc, err := grpc.NewClient(r.Addr, append(ic.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		return res, err
+	}
+	defer cc.Close()
+	client := demov1.NewGatewayServiceClient(cc)
+	cc.Connect()
+
+	if r.OnProgress != nil {
+		r.OnProgress(sc.Name, st.Name, false)
+		defer r.OnProgress(sc.Name, st.Name, true)
+	}
+	if _, err := ctl.ResetStats(ctx, &demov1.ResetStatsRequest{Faults: sc.Faults.Proto()}); err != nil {
+		return res, fmt.Errorf("reset the server: %w", err)
+	}
+	// The server counts in windows from the reset; start the herd in the
+	// middle of one so that waves of retries do not straddle two windows.
+	wait(ctx, sc.Faults.withDefaults().Window/2)
+
+	// A generous bound per call: no call of a scenario needs longer than all
+	// its waits at their cap.
+	callTimeout := time.Duration(sc.Attempts)*sc.Cap + 10*time.Second
+	var (
+		mu        sync.Mutex
+		wg        sync.WaitGroup
+		start     = make(chan struct{})
+		succeeded int
+		fastFails int
+		outcomes  = map[string]int{}
+	)
+	for i := range sc.Calls {
+		wg.Go(func() {
+			<-start
+			cctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+			_, err := client.Charge(cctx, &demov1.ChargeRequest{IdempotencyKey: fmt.Sprintf("call-%d", i), AmountCents: 100})
+			mu.Lock()
+			defer mu.Unlock()
+			outcomes[outcome(err)]++
+			switch {
+			case err == nil:
+				succeeded++
+			case errors.Is(err, breaker.ErrOpen):
+				fastFails++
+			}
+		})
+	}
+	began := time.Now()
+	close(start)
+	wg.Wait()
+	res.Elapsed = time.Since(began)
+	res.Succeeded, res.FastFails, res.Outcomes = succeeded, fastFails, outcomes
+	res.Failed = sc.Calls - succeeded
+
+	res.Stats, err = ctl.GetStats(ctx, &demov1.GetStatsRequest{})
+	if err != nil {
+		return res, fmt.Errorf("read the server's counts: %w", err)
+	}
+	return res, ctx.Err()
+}
+
+// outcome names how a call ended, from its error.
+func outcome(err error) string {
+	var re *interceptor.RetryError
+	switch {
+	case err == nil:
+		return string(interceptor.OutcomeOK)
+	case errors.As(err, &re):
+		return string(re.Outcome)
+	case errors.Is(err, breaker.ErrOpen):
+		return string(interceptor.OutcomeBreakerOpen)
+	}
+	return "error " + status.Code(err).String()
+}
+
+func wait(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}

@@ -1,0 +1,133 @@
+package stormlab
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
+)
+
+// The end-to-end comparison runs the real server and the real driver over
+// gRPC on 127.0.0.1, scaled down, and asserts the shapes of the published
+// results, not exact numbers.
+
+const e2eScale = 2 // windows of 50 ms: wide enough that a wave of retries lands in one
+
+func runStrategies(t *testing.T, sc Scenario, names ...string) map[string]Result {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("the end-to-end comparison takes about 15 s")
+	}
+	_, addr := startServer(t, Faults{})
+	r := &Runner{Addr: addr}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out := map[string]Result{}
+	for _, st := range Strategies(sc) {
+		for _, n := range names {
+			if st.Name != n {
+				continue
+			}
+			res, err := r.Run(ctx, sc, st, e2eScale)
+			if err != nil {
+				t.Fatalf("%s: %v", st.Name, err)
+			}
+			if res.Succeeded+res.Failed != res.Calls || res.FastFails != res.Outcomes["breaker_open"] || res.FastFails > res.Failed {
+				t.Errorf("%s: ok %d + failed %d != %d calls, or fast-fails %d do not match outcomes %v",
+					st.Name, res.Succeeded, res.Failed, res.Calls, res.FastFails, res.Outcomes)
+			}
+			if res.Stats.FirstAttempts != int64(res.Calls-res.FastFails) {
+				t.Errorf("%s: server saw %d first attempts, want %d (calls not refused by the breaker)", st.Name, res.Stats.FirstAttempts, res.Calls-res.FastFails)
+			}
+			out[n] = res
+			var series []int64
+			for _, w := range res.Stats.Windows {
+				series = append(series, w.Retries)
+			}
+			t.Logf("%s retries per window: %v", n, series)
+			t.Logf("%-28s ok %4d  attempts %5d  peak retries %4d  overloaded %5d ms  last success %5d ms  outcomes %v",
+				n, res.Succeeded, res.Stats.Attempts, res.Stats.PeakRetries, res.Stats.OverloadedMs, res.Stats.LastSuccessMs, res.Outcomes)
+		}
+	}
+	return out
+}
+
+func TestPublishedScenarioShapes(t *testing.T) {
+	sc := Published()
+	sc.Calls = 500
+	rs := runStrategies(t, sc, "fixed wait", "exponential", "exponential + full jitter")
+	for name, r := range rs {
+		if r.Succeeded*100 < r.Calls*99 {
+			t.Errorf("%s: %d of %d calls succeeded, want at least 99%%", name, r.Succeeded, r.Calls)
+		}
+	}
+	fixed, exp, full := rs["fixed wait"].Stats.PeakRetries, rs["exponential"].Stats.PeakRetries, rs["exponential + full jitter"].Stats.PeakRetries
+	// Backoff without jitter does not break up the herd: the first wave of
+	// retries (~30 % of the calls) lands together in both.
+	if lo, hi := fixed*2/3, fixed*3/2; exp < lo || exp > hi {
+		t.Errorf("exponential peak %d, want about the fixed wait's %d (within [%d, %d])", exp, fixed, lo, hi)
+	}
+	if full*4 > exp {
+		t.Errorf("full jitter peak %d, want at most a quarter of exponential's %d", full, exp)
+	}
+}
+
+func TestOverloadScenarioShapes(t *testing.T) {
+	sc := Overload()
+	sc.Calls = 500
+	sc.Faults.Capacity = 75 // the same share of the herd as 150 of 1000
+	rs := runStrategies(t, sc, "exponential", "herdguard defaults")
+	exp, hg := rs["exponential"], rs["herdguard defaults"]
+	if hg.Succeeded < exp.Succeeded {
+		t.Errorf("herdguard got %d calls through, exponential %d: want at least as many", hg.Succeeded, exp.Succeeded)
+	}
+	if hg.Stats.Attempts >= exp.Stats.Attempts {
+		t.Errorf("herdguard sent %d attempts, exponential %d: want fewer", hg.Stats.Attempts, exp.Stats.Attempts)
+	}
+	if hg.Stats.PeakRetries >= exp.Stats.PeakRetries {
+		t.Errorf("herdguard peak %d, exponential %d: want lower", hg.Stats.PeakRetries, exp.Stats.PeakRetries)
+	}
+	if hg.Stats.OverloadedMs >= exp.Stats.OverloadedMs {
+		t.Errorf("server overloaded for %d ms under herdguard, %d under exponential: want sooner recovery", hg.Stats.OverloadedMs, exp.Stats.OverloadedMs)
+	}
+}
+
+func TestReportShowsWhatWasCounted(t *testing.T) {
+	rs := []Result{{Strategy: "a", Calls: 3, Succeeded: 2, Failed: 1, FastFails: 1, Outcomes: map[string]int{"ok": 2, "breaker_open": 1},
+		Stats: fakeStats(100, []int64{0, 7, 2}, 5000, 1200)}}
+	var table, hist, svg, outc strings.Builder
+	if err := WriteTable(&table, rs); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"breaker fast-fails", "  1  ", "5.0s", "1.2s"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, table.String())
+		}
+	}
+	if strings.Contains(table.String(), "\x1b[") {
+		t.Error("the table colours its figures")
+	}
+	WriteOutcomes(&outc, rs)
+	if got := outc.String(); got != "a: breaker_open 1, ok 2\n" {
+		t.Errorf("outcomes %q", got)
+	}
+	WriteHistograms(&hist, rs, 72)
+	if !strings.Contains(hist.String(), "| █▃|") || !strings.Contains(hist.String(), "peak 7") {
+		t.Errorf("histogram:\n%s", hist.String())
+	}
+	WriteSVG(&svg, []SVGSection{{Title: "t<1>", Results: rs}})
+	if !strings.HasPrefix(svg.String(), "<svg") || strings.Count(svg.String(), `fill="#3b6ea5"`) != 2 || !strings.Contains(svg.String(), "t&lt;1&gt;") {
+		t.Errorf("svg:\n%s", svg.String())
+	}
+}
+
+func fakeStats(windowMS int64, retries []int64, lastOK, recovered int64) *demov1.GetStatsResponse {
+	s := &demov1.GetStatsResponse{WindowMs: windowMS, LastSuccessMs: lastOK, RecoveredMs: recovered, OverloadedMs: 3000}
+	for _, r := range retries {
+		s.Windows = append(s.Windows, &demov1.Window{Retries: r})
+		s.PeakRetries = max(s.PeakRetries, r)
+	}
+	return s
+}

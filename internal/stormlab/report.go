@@ -1,0 +1,168 @@
+package stormlab
+
+import (
+	"fmt"
+	"html"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// WriteTable prints one row per result, every figure labelled with who
+// counted it. It reports; it does not grade.
+func WriteTable(w io.Writer, results []Result) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "strategy\tcalls ok\tfailed\tbreaker fast-fails\tattempts sent\tuntil last success\tpeak retries / window\tpeak attempts / window\toverloaded for\tlast recovery at\t")
+	for _, r := range results {
+		s := r.Stats
+		overloaded, recovered := "-", "-"
+		if s.GetOverloadedMs() > 0 {
+			overloaded, recovered = fmtMS(s.GetOverloadedMs()), "still down"
+			if s.GetRecoveredMs() >= 0 {
+				recovered = fmtMS(s.GetRecoveredMs())
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t\n",
+			r.Strategy, r.Succeeded, r.Failed, r.FastFails, s.GetAttempts(),
+			fmtMS(s.GetLastSuccessMs()), s.GetPeakRetries(), s.GetPeakAttempts(), overloaded, recovered)
+	}
+	return tw.Flush()
+}
+
+// Legend says where each figure comes from.
+const Legend = `calls ok, failed, breaker fast-fails: counted by the client (a refused call never reaches the server).
+attempts sent, until last success, peaks, overload: counted by the server, by arrival time since its reset;
+"still down" means the server was still overloaded when the last call ended.`
+
+func fmtMS(ms int64) string { return fmt.Sprintf("%.1fs", float64(ms)/1000) }
+
+// WriteOutcomes prints, per result, how many calls ended each way.
+func WriteOutcomes(w io.Writer, results []Result) error {
+	for _, r := range results {
+		keys := make([]string, 0, len(r.Outcomes))
+		for k := range r.Outcomes {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		parts := make([]string, len(keys))
+		for i, k := range keys {
+			parts[i] = fmt.Sprintf("%s %d", k, r.Outcomes[k])
+		}
+		if _, err := fmt.Fprintf(w, "%s: %s\n", r.Strategy, strings.Join(parts, ", ")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+const sparkRunes = " ▁▂▃▄▅▆▇█"
+
+// WriteHistograms draws the retries per window of each result as a row of
+// bars, all on one scale (the largest peak among them) so rows compare.
+// Long series are folded: each column shows the largest of several windows.
+func WriteHistograms(w io.Writer, results []Result, width int) error {
+	if width < 10 {
+		width = 10
+	}
+	var top int64
+	longest := 0
+	for _, r := range results {
+		top = max(top, r.Stats.GetPeakRetries())
+		longest = max(longest, len(r.Stats.GetWindows()))
+	}
+	per := max(1, (longest+width-1)/width)
+	window := time.Duration(results[0].Stats.GetWindowMs()) * time.Millisecond
+	fmt.Fprintf(w, "retries per window, one column = %d window(s) of %v (largest shown), full bar = %d retries\n", per, window, top)
+	nameWidth := 0
+	for _, r := range results {
+		nameWidth = max(nameWidth, len(r.Strategy))
+	}
+	for _, r := range results {
+		var b strings.Builder
+		ws := r.Stats.GetWindows()
+		for i := 0; i < len(ws); i += per {
+			var m int64
+			for _, x := range ws[i:min(i+per, len(ws))] {
+				m = max(m, x.GetRetries())
+			}
+			b.WriteRune(sparkRune(m, top))
+		}
+		if _, err := fmt.Fprintf(w, "%-*s |%s| peak %d\n", nameWidth, r.Strategy, b.String(), r.Stats.GetPeakRetries()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sparkRune(v, top int64) rune {
+	runes := []rune(sparkRunes)
+	if v <= 0 || top <= 0 {
+		return runes[0]
+	}
+	i := 1 + int(float64(v)/float64(top)*float64(len(runes)-2)+0.5)
+	return runes[min(i, len(runes)-1)]
+}
+
+// SVGSection is one titled group of results in an SVG chart.
+type SVGSection struct {
+	Title   string
+	Results []Result
+}
+
+// WriteSVG draws the histograms of every section in one SVG file, the
+// sections one above the other.
+func WriteSVG(w io.Writer, sections []SVGSection) error {
+	var parts []string
+	height, width := 0, 0
+	for _, s := range sections {
+		body, h, wd := svgSection(s.Title, s.Results, height)
+		parts = append(parts, body)
+		height += h
+		width = max(width, wd)
+	}
+	_, err := fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n"+
+		`<rect width="100%%" height="100%%" fill="white"/>`+"\n%s</svg>\n", width, height, strings.Join(parts, ""))
+	return err
+}
+
+// svgSection draws one panel per result, a bar per window, all panels on
+// one scale, starting at y0. It returns the drawing, its height and width.
+func svgSection(title string, results []Result, y0 int) (string, int, int) {
+	const (
+		panelH, barAreaH, left, right, top = 90, 60, 230, 20, 40
+		plotW                              = 900
+	)
+	var peak int64
+	longest := 1
+	for _, r := range results {
+		peak = max(peak, r.Stats.GetPeakRetries())
+		longest = max(longest, len(r.Stats.GetWindows()))
+	}
+	peak = max(peak, 1)
+	height := top + panelH*len(results) + 30
+	width := left + plotW + right
+	bw := float64(plotW) / float64(longest)
+	var b strings.Builder
+	fmt.Fprintf(&b, `<text x="10" y="%d" font-size="15">%s</text>`+"\n", y0+22, html.EscapeString(title))
+	for i, r := range results {
+		y0 := y0 + top + i*panelH
+		base := y0 + barAreaH
+		fmt.Fprintf(&b, `<text x="10" y="%d">%s</text><text x="10" y="%d" fill="#555">peak %d, %d attempts</text>`+"\n",
+			base-30, html.EscapeString(r.Strategy), base-14, r.Stats.GetPeakRetries(), r.Stats.GetAttempts())
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`+"\n", left, base, left+plotW, base)
+		for j, win := range r.Stats.GetWindows() {
+			if win.GetRetries() == 0 {
+				continue
+			}
+			h := float64(win.GetRetries()) / float64(peak) * barAreaH
+			fmt.Fprintf(&b, `<rect x="%.2f" y="%.2f" width="%.2f" height="%.2f" fill="#3b6ea5"/>`+"\n",
+				float64(left)+float64(j)*bw, float64(base)-h, max(bw-0.5, 0.5), h)
+		}
+	}
+	window := time.Duration(results[0].Stats.GetWindowMs()) * time.Millisecond
+	fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#555">retries per %v window at the server; all panels share one scale (peak %d); time runs left to right over %v</text>`+"\n",
+		left, y0+height-10, window, peak, time.Duration(longest)*window)
+	return b.String(), height, width
+}
