@@ -1,8 +1,10 @@
 package breaker
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/sony/gobreaker/v2"
@@ -164,4 +166,41 @@ func (b *Breaker) Execute(fn func(probe bool) herdguard.Verdict) (before, after 
 		return before, after, &OpenError{Scope: b.scope, State: HalfOpen}
 	}
 	return before, after, nil
+}
+
+// Allow asks to start a call whose result is known only later, such as a
+// stream's. If the breaker lets it through, done must be called once with
+// the call's verdict; a second call does nothing. If ctx ends first, the
+// call counts as Ignored. probe is true when the call goes through a
+// half-open breaker. A refused call gets an [*OpenError].
+//
+// gobreaker's two-step breaker keeps its own private state, so it cannot
+// share a breaker with [Breaker.Execute], which unary calls use because it
+// allocates nothing. Allow therefore holds one gobreaker request open in a
+// goroutine that lives until done is called or ctx ends.
+func (b *Breaker) Allow(ctx context.Context) (done func(herdguard.Verdict), probe bool, err error) {
+	admitted := make(chan bool, 1)
+	refused := make(chan error, 1)
+	result := make(chan herdguard.Verdict, 1)
+	go func() {
+		_, _, err := b.Execute(func(p bool) herdguard.Verdict {
+			admitted <- p
+			select {
+			case v := <-result:
+				return v
+			case <-ctx.Done():
+				return herdguard.Ignored
+			}
+		})
+		if err != nil {
+			refused <- err
+		}
+	}()
+	select {
+	case probe = <-admitted:
+	case err = <-refused:
+		return nil, false, err
+	}
+	var once sync.Once
+	return func(v herdguard.Verdict) { once.Do(func() { result <- v }) }, probe, nil
 }

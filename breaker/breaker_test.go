@@ -1,6 +1,7 @@
 package breaker_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"sync"
@@ -306,4 +307,65 @@ func TestStrings(t *testing.T) {
 	if _, err := breaker.ParseScope("host"); err == nil {
 		t.Error("ParseScope(host) = nil error")
 	}
+}
+
+func TestAllowCountsTheLaterVerdict(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 2, OpenTimeout: time.Second})
+		ctx := t.Context()
+		for range 2 {
+			done, probe, err := b.Allow(ctx)
+			if err != nil || probe {
+				t.Fatalf("Allow on a closed breaker: probe=%v err=%v", probe, err)
+			}
+			if b.State() != breaker.Closed {
+				t.Fatal("the breaker moved before the verdict came")
+			}
+			done(herdguard.Failure)
+			done(herdguard.Failure) // a second call does nothing
+			synctest.Wait()
+		}
+		if got := b.State(); got != breaker.Open {
+			t.Fatalf("after 2 failed streams: state %v, want open", got)
+		}
+		if _, _, err := b.Allow(ctx); !errors.Is(err, breaker.ErrOpen) {
+			t.Fatalf("Allow on an open breaker: %v, want ErrOpen", err)
+		}
+		// the same breaker refuses unary calls too
+		if ran, _, _ := run(t, b, herdguard.Success); ran {
+			t.Fatal("Execute ran through a breaker that streams opened")
+		}
+		time.Sleep(time.Second + time.Nanosecond)
+		done, probe, err := b.Allow(ctx)
+		if err != nil || !probe {
+			t.Fatalf("after OpenTimeout: probe=%v err=%v, want a probe", probe, err)
+		}
+		if _, _, err := b.Allow(ctx); err == nil {
+			t.Fatal("a second stream got through while the only probe is pending")
+		}
+		done(herdguard.Success)
+		synctest.Wait()
+		if got := b.State(); got != breaker.Closed {
+			t.Fatalf("after a good probe: state %v, want closed", got)
+		}
+	})
+}
+
+func TestAllowEndsWithTheContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1})
+		ctx, cancel := context.WithCancel(t.Context())
+		_, _, err := b.Allow(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancel() // abandoned: counts as ignored, and its goroutine ends
+		synctest.Wait()
+		if got := b.State(); got != breaker.Closed {
+			t.Fatalf("an abandoned call moved the breaker to %v", got)
+		}
+		if c := b.Counts(); c.TotalExclusions != 1 {
+			t.Errorf("counts %+v, want one exclusion", c)
+		}
+	})
 }

@@ -177,9 +177,11 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float6
 	if _, err := ctl.ResetStats(ctx, &demov1.ResetStatsRequest{Faults: sc.Faults.Proto()}); err != nil {
 		return res, fmt.Errorf("reset the server: %w", err)
 	}
-	// The server counts in windows from the reset; start the herd in the
-	// middle of one so that waves of retries do not straddle two windows.
-	wait(ctx, sc.Faults.withDefaults().Window/2)
+	// The server counts in windows from the reset. Start the herd just
+	// after a window opens: its first attempts take a while to dispatch, and
+	// each wave of retries keeps that offset and spread, so a wave lands in
+	// one window instead of straddling two.
+	wait(ctx, sc.Faults.withDefaults().Window/10)
 
 	// A generous bound per call: no call of a scenario needs longer than all
 	// its waits at their cap.
