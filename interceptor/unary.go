@@ -3,8 +3,6 @@ package interceptor
 import (
 	"context"
 	"errors"
-	"strconv"
-	"time"
 
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
@@ -134,11 +132,11 @@ func verdict(ctx context.Context, err error) herdguard.Verdict {
 // call's error. It sets c.attempts and c.outcome.
 func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	var (
-		prev     time.Duration // the last wait, for decorrelated jitter
-		retries  int           // retries since the start or the last pushback
+		bs       = backoffState{timer: c.buf.timer}
 		retryCtx context.Context
 		retryMD  metadata.MD
 	)
+	defer func() { c.buf.timer = bs.timer }()
 	for attempt := 1; ; attempt++ {
 		c.attempts = attempt
 		actx := ctx
@@ -162,50 +160,14 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 			c.outcome = OutcomeOK
 			return nil
 		}
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			c.outcome = contextOutcome(ctxErr)
-			return err
+		d := c.ic.decide(ctx, c.p, &bs, attempt, maxAttempts, err, perAttemptTimeout, c.buf.trailer)
+		if !d.retry {
+			c.outcome = d.outcome
+			return d.err
 		}
-		code := status.Code(err)
-		if !c.p.retryableCode(code) && !(perAttemptTimeout && code == codes.DeadlineExceeded) {
-			c.outcome = OutcomeNotRetryable
-			return err
-		}
-		if attempt >= maxAttempts {
-			c.outcome = OutcomeExhausted
-			return &RetryError{Attempts: attempt, Outcome: OutcomeExhausted, Err: err}
-		}
-
-		jitter := c.p.p.Jitter.String()
-		var wait time.Duration
-		if ms, ok, present := pushback(c.buf.trailer); present {
-			if !ok {
-				c.outcome = OutcomePushbackStop
-				return &RetryError{Attempts: attempt, Outcome: OutcomePushbackStop, Err: err}
-			}
-			// gRFC A6: wait as told, then start the backoff afresh.
-			wait, jitter, retries, prev = ms, "pushback", 0, 0
-		} else {
-			retries++
-			wait = c.p.p.Backoff(retries, prev, c.ic.rand())
-			prev = wait
-		}
-		if deadline, ok := ctx.Deadline(); ok && c.ic.clock.Now().Add(wait).After(deadline) {
-			c.outcome = OutcomeDeadline
-			return &RetryError{Attempts: attempt, Outcome: OutcomeDeadline, Err: err}
-		}
-
-		var span trace.Span
-		if c.tracer != nil {
-			span = startBackoff(ctx, c.tracer, attempt+1, float64(wait)/float64(time.Millisecond), jitter)
-		}
-		waited := c.wait(ctx.Done(), wait)
-		if span != nil {
-			span.End()
-		}
-		if !waited {
+		if err := c.ic.pause(ctx, c.tracer, &bs, attempt+1, d); err != nil {
 			c.outcome = contextOutcome(ctx.Err())
-			return status.FromContextError(ctx.Err()).Err()
+			return err
 		}
 	}
 }
@@ -239,68 +201,4 @@ func (c *unaryCall) attempt(ctx context.Context, n int, mayRetry bool) (perAttem
 		endAttempt(span, st.Code(), st.Message())
 	}
 	return perAttemptTimeout, err
-}
-
-func contextOutcome(err error) Outcome {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return OutcomeDeadline
-	}
-	return OutcomeCanceled
-}
-
-// pushback reads the server's retry pushback from a trailer. present is
-// false when there is none; ok is false when it says not to retry.
-func pushback(md metadata.MD) (wait time.Duration, ok, present bool) {
-	vals := md.Get(PushbackTrailerKey)
-	if len(vals) == 0 {
-		return 0, false, false
-	}
-	if len(vals) != 1 {
-		return 0, false, true
-	}
-	ms, err := strconv.ParseInt(vals[0], 10, 64)
-	if err != nil || ms < 0 || ms > int64(time.Duration(1<<63-1)/time.Millisecond) {
-		return 0, false, true
-	}
-	return time.Duration(ms) * time.Millisecond, true, true
-}
-
-// wait blocks for d on the interceptor's clock, or until done closes, and
-// reports whether the full wait passed. The call's timer is reused.
-func (c *unaryCall) wait(done <-chan struct{}, d time.Duration) bool {
-	if d <= 0 {
-		select {
-		case <-done:
-			return false
-		default:
-			return true
-		}
-	}
-	if c.buf.timer == nil {
-		c.buf.timer = c.ic.clock.NewTimer(d)
-	} else {
-		c.buf.timer.Reset(d)
-	}
-	select {
-	case <-c.buf.timer.C():
-		return true
-	case <-done:
-		c.buf.timer.Stop()
-		return false
-	}
-}
-
-// attemptValues are the metadata values of the first retries, made once.
-var attemptValues = func() (v [11][]string) {
-	for i := range v {
-		v[i] = []string{strconv.Itoa(i)}
-	}
-	return v
-}()
-
-func attemptValue(n int) []string {
-	if n < len(attemptValues) {
-		return attemptValues[n]
-	}
-	return []string{strconv.Itoa(n)}
 }
