@@ -170,9 +170,10 @@ func (b *Breaker) Execute(fn func(probe bool) herdguard.Verdict) (before, after 
 
 // Allow asks to start a call whose result is known only later, such as a
 // stream's. If the breaker lets it through, done must be called once with
-// the call's verdict; a second call does nothing. If ctx ends first, the
-// call counts as Ignored. probe is true when the call goes through a
-// half-open breaker. A refused call gets an [*OpenError].
+// the call's verdict, and returns once the breaker has counted it; a second
+// call does nothing. If ctx ends first, the call counts as Ignored. probe is
+// true when the call goes through a half-open breaker. A refused call gets
+// an [*OpenError].
 //
 // gobreaker's two-step breaker keeps its own private state, so it cannot
 // share a breaker with [Breaker.Execute], which unary calls use because it
@@ -182,7 +183,9 @@ func (b *Breaker) Allow(ctx context.Context) (done func(herdguard.Verdict), prob
 	admitted := make(chan bool, 1)
 	refused := make(chan error, 1)
 	result := make(chan herdguard.Verdict, 1)
+	counted := make(chan struct{})
 	go func() {
+		defer close(counted)
 		_, _, err := b.Execute(func(p bool) herdguard.Verdict {
 			admitted <- p
 			select {
@@ -202,5 +205,10 @@ func (b *Breaker) Allow(ctx context.Context) (done func(herdguard.Verdict), prob
 		return nil, false, err
 	}
 	var once sync.Once
-	return func(v herdguard.Verdict) { once.Do(func() { result <- v }) }, probe, nil
+	return func(v herdguard.Verdict) {
+		once.Do(func() {
+			result <- v
+			<-counted
+		})
+	}, probe, nil
 }

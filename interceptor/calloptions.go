@@ -36,3 +36,14 @@ type callPolicyOption struct {
 }
 
 type noRetryOption struct{ grpc.EmptyCallOption }
+
+// CallStreamBuffer returns a call option that sets one stream's replay
+// buffer limit, in bytes of encoded messages. 0 makes the stream commit at
+// its first message; a negative n makes the call fail with
+// codes.InvalidArgument, sending nothing.
+func CallStreamBuffer(n int) grpc.CallOption { return streamBufferOption{n: n} }
+
+type streamBufferOption struct {
+	grpc.EmptyCallOption
+	n int
+}

@@ -65,6 +65,15 @@
 // see, so otelgrpc's spans nest under each attempt. When the provider is a
 // no-op, no span work is done at all.
 //
+// # Streams
+//
+// [Interceptor.Stream] retries every stream kind until the stream commits
+// (the caller received headers or a message, or the replay buffer of
+// [DefaultStreamBuffer] bytes overflowed), replaying the messages sent and
+// CloseSend into each new attempt. gRPC forbids changing a message after
+// SendMsg; herdguard keeps gRPC's own encoding of each message, so a replay
+// sends the bytes the first attempt sent.
+//
 // # Order
 //
 // [Interceptor.DialOptions] chains the interceptors: those installed before

@@ -30,7 +30,11 @@ const (
 	// OutcomePushbackStop: the server's grpc-retry-pushback-ms trailer said
 	// not to retry.
 	OutcomePushbackStop Outcome = "pushback_stop"
-	// OutcomeInvalidCallOption: a CallPolicy option held an invalid policy;
+	// OutcomeFailedAfterCommit: a stream failed after it committed (the
+	// caller had headers or a message, or the replay buffer overflowed), so
+	// it was not retried.
+	OutcomeFailedAfterCommit Outcome = "failed_after_commit"
+	// OutcomeInvalidCallOption: a call option held an invalid value;
 	// nothing was sent.
 	OutcomeInvalidCallOption Outcome = "invalid_call_option"
 )

@@ -24,6 +24,8 @@ type Interceptor struct {
 	clock    clock
 	rand     func() float64
 	buffers  sync.Pool // *attemptBuffer
+
+	streamBuffer int
 }
 
 // resolved is a validated policy with its defaults filled in, ready for the
@@ -57,9 +59,10 @@ func New(opts ...Option) (*Interceptor, error) {
 		return nil, err
 	}
 	ic := &Interceptor{
-		policy: newResolved(c.policy),
-		clock:  c.clock,
-		rand:   c.rand,
+		policy:       newResolved(c.policy),
+		clock:        c.clock,
+		rand:         c.rand,
+		streamBuffer: c.streamBuffer,
 	}
 	ic.tracing.init(c.tp)
 	ic.buffers.New = func() any { return new(attemptBuffer) }

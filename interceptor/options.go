@@ -24,22 +24,24 @@ func (f optionFunc) apply(c *config) { f(c) }
 
 // config is what the options build; New validates it.
 type config struct {
-	policy      policy.Policy
-	methods     map[string]policy.Policy // full method or "/pkg.Svc/" -> policy
-	methodOrder []string                 // for errors in the order given
-	breaker     breaker.Settings
-	noBreaker   bool
-	tp          trace.TracerProvider // nil: the global provider
-	mp          metric.MeterProvider // nil: the global provider
-	clock       clock
-	rand        func() float64
+	policy       policy.Policy
+	methods      map[string]policy.Policy // full method or "/pkg.Svc/" -> policy
+	methodOrder  []string                 // for errors in the order given
+	breaker      breaker.Settings
+	noBreaker    bool
+	tp           trace.TracerProvider // nil: the global provider
+	mp           metric.MeterProvider // nil: the global provider
+	clock        clock
+	rand         func() float64
+	streamBuffer int
 }
 
 func defaultConfig() config {
 	return config{
-		policy: policy.Default(),
-		clock:  realClock{},
-		rand:   rand.Float64,
+		policy:       policy.Default(),
+		clock:        realClock{},
+		rand:         rand.Float64,
+		streamBuffer: DefaultStreamBuffer,
 	}
 }
 
@@ -90,6 +92,14 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // instruments arrive.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return optionFunc(func(c *config) { c.mp = mp })
+}
+
+// WithStreamBuffer sets how many bytes of encoded messages a stream keeps
+// for replay until it commits; DefaultStreamBuffer (256 KiB) without it. A
+// stream whose messages outgrow it commits and is not retried after. 0 makes
+// every stream commit at its first message.
+func WithStreamBuffer(bytes int) Option {
+	return optionFunc(func(c *config) { c.streamBuffer = bytes })
 }
 
 // withClock replaces the wall clock; tests use it to make waits instant.
@@ -157,6 +167,9 @@ func (c *config) validate() error {
 		if err := c.methods[name].Validate(); err != nil {
 			return fmt.Errorf("interceptor: WithMethodPolicy(%q): %w", name, err)
 		}
+	}
+	if c.streamBuffer < 0 {
+		return fmt.Errorf("interceptor: WithStreamBuffer(%d): must not be negative", c.streamBuffer)
 	}
 	if !c.noBreaker {
 		if err := c.breaker.Validate(); err != nil {

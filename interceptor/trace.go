@@ -38,6 +38,12 @@ const (
 	AttrBreakerTo      = attribute.Key("herdguard.breaker.to")
 	AttrBreakerProbe   = attribute.Key("herdguard.breaker.probe")
 
+	AttrStreamSent             = attribute.Key("herdguard.stream.messages_sent")
+	AttrStreamReceived         = attribute.Key("herdguard.stream.messages_received")
+	AttrStreamReplayedMessages = attribute.Key("herdguard.stream.replayed_messages")
+	AttrStreamReplayedBytes    = attribute.Key("herdguard.stream.replayed_bytes")
+	AttrStreamOverflow         = attribute.Key("herdguard.stream.buffer_overflow")
+
 	EventBreakerRejected    = "herdguard.breaker.rejected"
 	EventBreakerStateChange = "herdguard.breaker.state_change"
 )

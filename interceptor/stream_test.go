@@ -1,0 +1,503 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/policy"
+)
+
+// attemptOf is the attempt number a server handler sees: 1 for a first
+// attempt, else the herdguard-attempt metadata.
+func attemptOf(ctx context.Context) int {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get(AttemptMetadataKey); len(v) > 0 {
+		n, _ := strconv.Atoi(v[0])
+		return n
+	}
+	return 1
+}
+
+func payload(s string) *testgrpc.Payload { return &testgrpc.Payload{Body: []byte(s)} }
+
+func streamClient(t *testing.T, srv *testserver.Server, opts ...Option) (testgrpc.TestServiceClient, *Interceptor) {
+	t.Helper()
+	ic, err := New(append([]Option{withClock(newFakeClock()), withRand(fixedRand(0.5))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv.Client(t, ic.DialOptions()...), ic
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// recvAll reads a server stream to its end and returns the bodies.
+func recvAll[T interface{ GetPayload() *testgrpc.Payload }](recv func() (T, error)) ([]string, error) {
+	var got []string
+	for {
+		m, err := recv()
+		if err == io.EOF {
+			return got, nil
+		}
+		if err != nil {
+			return got, err
+		}
+		got = append(got, string(m.GetPayload().GetBody()))
+	}
+}
+
+func TestServerStreamRetriedAtOpen(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{ServerStream: func(req *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+		if attemptOf(ss.Context()) < 3 {
+			return status.Error(codes.Unavailable, "warming up")
+		}
+		for i := range len(req.GetResponseParameters()) {
+			if err := ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload(fmt.Sprint(i))}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}})
+	c, _ := streamClient(t, srv)
+	stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{ResponseParameters: make([]*testgrpc.ResponseParameters, 5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := recvAll(stream.Recv)
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	if want := []string{"0", "1", "2", "3", "4"}; !slices.Equal(got, want) {
+		t.Errorf("received %q, want %q: every message once", got, want)
+	}
+	if got := srv.Attempts(); !slices.Equal(got, []string{"", "2", "3"}) {
+		t.Errorf("server saw attempts %q", got)
+	}
+}
+
+func TestServerStreamNotRetriedAfterAMessage(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+		if err := ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("first")}); err != nil {
+			return err
+		}
+		return status.Error(codes.Unavailable, "crashed mid-stream")
+	}})
+	c, _ := streamClient(t, srv)
+	stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := recvAll(stream.Recv)
+	if !slices.Equal(got, []string{"first"}) || status.Code(err) != codes.Unavailable {
+		t.Errorf("got %q then %v; want the one message, then Unavailable", got, err)
+	}
+	var re *RetryError
+	if errors.As(err, &re) {
+		t.Errorf("a committed stream's error came wrapped: %v", err)
+	}
+	if n := srv.Requests(); n != 1 {
+		t.Errorf("server saw %d attempts, want 1", n)
+	}
+}
+
+// seen records what a client-stream handler read, per attempt.
+type seen struct {
+	mu  sync.Mutex
+	got map[int][]string
+}
+
+func (s *seen) add(attempt int, body string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.got == nil {
+		s.got = map[int][]string{}
+	}
+	s.got[attempt] = append(s.got[attempt], body)
+}
+
+func (s *seen) of(attempt int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.got[attempt]...)
+}
+
+func TestClientStreamReplayedAfterServerFailsBeforeAnswering(t *testing.T) {
+	var rec seen
+	srv := testserver.Start(t, &testserver.Server{ClientStream: func(ss testgrpc.TestService_StreamingInputCallServer) error {
+		n := attemptOf(ss.Context())
+		total := 0
+		for {
+			m, err := ss.Recv()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			rec.add(n, string(m.GetPayload().GetBody()))
+			total += len(m.GetPayload().GetBody())
+		}
+		if n == 1 {
+			return status.Error(codes.Unavailable, "lost it all")
+		}
+		return ss.SendAndClose(&testgrpc.StreamingInputCallResponse{AggregatedPayloadSize: int32(total)})
+	}})
+	rec2 := &rec
+	c, _ := streamClient(t, srv)
+	stream, err := c.StreamingInputCall(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"a", "bb", "ccc", "dddd"}
+	for _, b := range want {
+		if err := stream.Send(&testgrpc.StreamingInputCallRequest{Payload: payload(b)}); err != nil {
+			t.Fatalf("Send: %v", err)
+		}
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		t.Fatalf("CloseAndRecv: %v", err)
+	}
+	if resp.GetAggregatedPayloadSize() != 10 {
+		t.Errorf("aggregated size %d, want 10", resp.GetAggregatedPayloadSize())
+	}
+	if got := rec2.of(2); !slices.Equal(got, want) {
+		t.Errorf("second attempt read %q, want %q exactly once, in order", got, want)
+	}
+	if got := rec2.of(1); !slices.Equal(got, want) {
+		t.Errorf("first attempt read %q", got)
+	}
+}
+
+func TestBidiReplayedBeforeFirstResponse(t *testing.T) {
+	var rec seen
+	srv := testserver.Start(t, &testserver.Server{Bidi: func(ss testgrpc.TestService_FullDuplexCallServer) error {
+		n := attemptOf(ss.Context())
+		for {
+			m, err := ss.Recv()
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			body := string(m.GetPayload().GetBody())
+			rec.add(n, body)
+			if n == 1 {
+				return status.Error(codes.Unavailable, "restarting")
+			}
+			if err := ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("echo " + body)}); err != nil {
+				return err
+			}
+		}
+	}})
+	c, _ := streamClient(t, srv)
+	stream, err := c.FullDuplexCall(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"x", "y", "z"} {
+		if err := stream.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload(b)}); err != nil {
+			t.Fatalf("Send(%s): %v", b, err)
+		}
+	}
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := recvAll(stream.Recv)
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	if want := []string{"echo x", "echo y", "echo z"}; !slices.Equal(got, want) {
+		t.Errorf("received %q, want %q", got, want)
+	}
+	if got := rec.of(2); !slices.Equal(got, []string{"x", "y", "z"}) {
+		t.Errorf("second attempt read %q, want x y z once", got)
+	}
+}
+
+func TestStreamBufferOverflowCommits(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{ClientStream: func(ss testgrpc.TestService_StreamingInputCallServer) error {
+		for {
+			if _, err := ss.Recv(); err != nil {
+				break
+			}
+		}
+		return status.Error(codes.Unavailable, "down")
+	}})
+	rec, tp := newRecorder()
+	for _, tt := range []struct {
+		name    string
+		opts    []Option
+		call    []grpc.CallOption
+		attempt int
+	}{
+		{"fits", nil, nil, 3},
+		{"call option", nil, []grpc.CallOption{CallStreamBuffer(25)}, 1},
+		{"interceptor option", []Option{WithStreamBuffer(25)}, nil, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rec.Reset()
+			n := srv.Requests()
+			c, _ := streamClient(t, srv, append(tt.opts, WithTracerProvider(tp), WithoutBreaker())...)
+			stream, err := c.StreamingInputCall(ctxT(t), tt.call...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// each message is 12 bytes encoded: the third outgrows 25
+			for range 3 {
+				stream.Send(&testgrpc.StreamingInputCallRequest{Payload: payload("12345678")})
+			}
+			if _, err := stream.CloseAndRecv(); status.Code(err) != codes.Unavailable {
+				t.Fatalf("err = %v, want Unavailable", err)
+			}
+			if got := srv.Requests() - n; got != tt.attempt {
+				t.Errorf("server saw %d attempts, want %d", got, tt.attempt)
+			}
+			cs := spansNamed(rec.Ended(), "grpc.testing.TestService/StreamingInputCall")
+			if len(cs) != 1 {
+				t.Fatalf("%d call spans", len(cs))
+			}
+			a := attrs(cs[0])
+			overflow := tt.attempt == 1
+			if a[AttrStreamOverflow].AsBool() != overflow || a[AttrStreamSent].AsInt64() != 3 {
+				t.Errorf("overflow=%v sent=%d, want %v and 3", a[AttrStreamOverflow].AsBool(), a[AttrStreamSent].AsInt64(), overflow)
+			}
+			wantOutcome := OutcomeExhausted
+			if overflow {
+				wantOutcome = OutcomeFailedAfterCommit
+			} else if got := a[AttrStreamReplayedMessages].AsInt64(); got != 6 {
+				t.Errorf("replayed %d messages, want 6 (3 on each of 2 retries)", got)
+			}
+			if got := a[AttrOutcome].AsString(); got != string(wantOutcome) {
+				t.Errorf("outcome %q, want %q", got, wantOutcome)
+			}
+		})
+	}
+	if _, err := New(WithStreamBuffer(-1)); err == nil {
+		t.Error("New accepted WithStreamBuffer(-1)")
+	}
+	c, _ := streamClient(t, srv)
+	if _, err := c.StreamingInputCall(ctxT(t), CallStreamBuffer(-5)); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("CallStreamBuffer(-5): %v, want InvalidArgument", err)
+	}
+}
+
+func TestStreamCancelDuringWait(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := testserver.Start(t, &testserver.Server{ServerStream: func(*testgrpc.StreamingOutputCallRequest, testgrpc.TestService_StreamingOutputCallServer) error {
+		time.AfterFunc(20*ms, cancel)
+		return status.Error(codes.Unavailable, "down")
+	}})
+	ic, _ := New(WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: 10 * time.Second, Multiplier: 1}))
+	c := srv.Client(t, ic.DialOptions()...)
+	start := time.Now()
+	stream, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if el := time.Since(start); el > 3*time.Second {
+		t.Errorf("returned after %v; want within milliseconds of the cancel", el)
+	}
+	if status.Code(err) != codes.Canceled {
+		t.Errorf("err = %v, want Canceled", err)
+	}
+}
+
+func TestStreamPerAttemptTimeoutOnlyUntilCommit(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+		if attemptOf(ss.Context()) == 1 {
+			<-ss.Context().Done() // say nothing until the attempt times out
+			return nil
+		}
+		ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("1")})
+		time.Sleep(300 * ms) // longer than the per-attempt timeout, after commit
+		return ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("2")})
+	}})
+	c, _ := streamClient(t, srv, WithPolicy(policy.Policy{MaxAttempts: 3, PerAttemptTimeout: 100 * ms}))
+	stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := recvAll(stream.Recv)
+	if err != nil || !slices.Equal(got, []string{"1", "2"}) {
+		t.Errorf("got %q, %v; want both messages: the timeout must stop at commit", got, err)
+	}
+	if n := srv.Requests(); n != 2 {
+		t.Errorf("server saw %d attempts, want 2", n)
+	}
+}
+
+func TestStreamBreaker(t *testing.T) {
+	failing := true
+	var mu sync.Mutex
+	srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing {
+			return status.Error(codes.Unavailable, "down")
+		}
+		return ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("ok")})
+	}, Unary: fail(codes.Unavailable).unary})
+	c, ic := streamClient(t, srv, WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 50 * ms}))
+	open := func() ([]string, error) {
+		stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+		if err != nil {
+			return nil, err
+		}
+		return recvAll(stream.Recv)
+	}
+	if _, err := open(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("first stream: %v", err)
+	}
+	b := ic.Breakers().Get(testserver.Target, "")
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("after a failed stream: %v, want open (counted before Recv returns)", got)
+	}
+	n := srv.Requests()
+	_, err := open()
+	if !errors.Is(err, breaker.ErrOpen) || status.Code(err) != codes.Unavailable {
+		t.Fatalf("stream through an open breaker: %v, want ErrOpen", err)
+	}
+	if srv.Requests() != n {
+		t.Error("an open breaker let a stream attempt through")
+	}
+
+	waitHalfOpen(t, b)
+	if _, err := open(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("probe: %v", err)
+	}
+	if got := srv.Requests() - n; got != 1 {
+		t.Errorf("a failing probe stream made %d attempts, want 1", got)
+	}
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("after a failed probe: %v, want open", got)
+	}
+	waitHalfOpen(t, b)
+	mu.Lock()
+	failing = false
+	mu.Unlock()
+	if got, err := open(); err != nil || !slices.Equal(got, []string{"ok"}) {
+		t.Fatalf("good probe: %q, %v", got, err)
+	}
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("after a good probe: %v, want closed", got)
+	}
+
+	// unary calls and streams share the target's breaker
+	call(t, c)
+	if _, err := open(); !errors.Is(err, breaker.ErrOpen) {
+		t.Errorf("after unary failures a stream got %v, want ErrOpen", err)
+	}
+}
+
+func TestStreamSpanTree(t *testing.T) {
+	rec, tp := newRecorder()
+	srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+		if attemptOf(ss.Context()) == 1 {
+			return status.Error(codes.Unavailable, "once")
+		}
+		ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("a")})
+		return ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("b")})
+	}})
+	c, _ := streamClient(t, srv, WithTracerProvider(tp), WithPolicy(tablePolicy))
+	stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{Payload: payload("hello")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := recvAll(stream.Recv); err != nil {
+		t.Fatal(err)
+	}
+	spans := rec.Ended()
+	calls := spansNamed(spans, "grpc.testing.TestService/StreamingOutputCall")
+	if len(calls) != 1 {
+		t.Fatalf("%d call spans", len(calls))
+	}
+	a := attrs(calls[0])
+	for k, want := range map[attribute.Key]any{
+		AttrAttempts: int64(2), AttrOutcome: "ok", "rpc.response.status_code": "OK",
+		AttrStreamSent: int64(1), AttrStreamReceived: int64(2),
+		AttrStreamReplayedMessages: int64(1), AttrStreamOverflow: false,
+	} {
+		if got := a[k].AsInterface(); got != want {
+			t.Errorf("call span %s = %v, want %v", k, got, want)
+		}
+	}
+	if got, want := a[AttrStreamReplayedBytes].AsInt64(), int64(9); got != want {
+		t.Errorf("replayed bytes %d, want %d (the request's encoded size)", got, want)
+	}
+	attempts, backoffs := spansNamed(spans, SpanAttempt), spansNamed(spans, SpanBackoff)
+	if len(attempts) != 2 || len(backoffs) != 1 {
+		t.Fatalf("%d attempts, %d backoffs; want 2 and 1", len(attempts), len(backoffs))
+	}
+	for _, s := range append(attempts, backoffs...) {
+		if s.Parent().SpanID() != calls[0].SpanContext().SpanID() {
+			t.Errorf("%s span is not a child of the stream's call span", s.Name())
+		}
+	}
+	if got := attrs(attempts[0])["rpc.response.status_code"].AsString(); got != "UNAVAILABLE" {
+		t.Errorf("first attempt status %q", got)
+	}
+	if got := attrs(backoffs[0])[AttrBackoffDelayMS].AsFloat64(); got != 10 {
+		t.Errorf("backoff %v ms, want 10", got)
+	}
+}
+
+func TestAbandonedStreamEndsItsSpan(t *testing.T) {
+	rec, tp := newRecorder()
+	release := make(chan struct{})
+	srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+		ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("a")})
+		select {
+		case <-ss.Context().Done():
+		case <-release:
+		}
+		return nil
+	}})
+	defer close(release)
+	c, ic := streamClient(t, srv, WithTracerProvider(tp), WithBreaker(breaker.Settings{ConsecutiveFailures: 1}))
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	cancel() // abandon it without reading to the end
+	deadline := time.Now().Add(callTimeout)
+	for len(spansNamed(rec.Ended(), "grpc.testing.TestService/StreamingOutputCall")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the call span of an abandoned stream never ended")
+		}
+		time.Sleep(ms)
+	}
+	cs := spansNamed(rec.Ended(), "grpc.testing.TestService/StreamingOutputCall")[0]
+	if got := attrs(cs)[AttrOutcome].AsString(); got != string(OutcomeCanceled) {
+		t.Errorf("outcome %q, want canceled", got)
+	}
+	if got := ic.Breakers().Get(testserver.Target, "").State(); got != breaker.Closed {
+		t.Errorf("abandoning a stream moved the breaker to %v", got)
+	}
+}
