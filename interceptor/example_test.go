@@ -85,3 +85,28 @@ func ExampleRetryError() {
 	// true 3 Unavailable
 	// herdguard: gave up after 3 attempt(s); last: rpc error: code = Unavailable desc = backend restarting
 }
+
+// Streams of every kind are retried until they commit; the replay buffer
+// can be sized per interceptor or per call.
+func ExampleInterceptor_Stream() {
+	ic, err := interceptor.New(interceptor.WithStreamBuffer(64 << 10))
+	if err != nil {
+		log.Fatal(err)
+	}
+	cc, err := grpc.NewClient("passthrough:///127.0.0.1:50051",
+		append(ic.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cc.Close()
+	client := testgrpc.NewTestServiceClient(cc)
+	stream, err := client.StreamingInputCall(context.Background(), interceptor.CallStreamBuffer(1<<20))
+	if err != nil {
+		log.Fatal(err) // the breaker may refuse a stream at creation
+	}
+	for _, r := range []string{"a", "b"} {
+		_ = stream.Send(&testgrpc.StreamingInputCallRequest{Payload: &testgrpc.Payload{Body: []byte(r)}})
+	}
+	_, err = stream.CloseAndRecv() // a failure before the answer replays "a", "b"
+	_ = err
+}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -499,5 +500,147 @@ func TestAbandonedStreamEndsItsSpan(t *testing.T) {
 	}
 	if got := ic.Breakers().Get(testserver.Target, "").State(); got != breaker.Closed {
 		t.Errorf("abandoning a stream moved the breaker to %v", got)
+	}
+}
+
+// TestEveryStreamKind runs the same two cases for each kind: a failure at
+// open is retried and the caller sees every message once; a failure after
+// the first response is not retried, and the caller sees that response and
+// then the error.
+func TestEveryStreamKind(t *testing.T) {
+	type kind struct {
+		name string
+		// run opens the stream, sends "m1" and "m2" where the kind sends,
+		// and reads every response body until the end.
+		run func(c testgrpc.TestServiceClient, ctx context.Context) ([]string, error)
+	}
+	// behave is the server's part: fail at open on attempt 1, or answer
+	// once and then fail.
+	var failAfter atomic.Bool
+	answer := func(ctx context.Context, send func(string) error) error {
+		failAfterFirst := failAfter.Load()
+		if !failAfterFirst && attemptOf(ctx) == 1 {
+			return status.Error(codes.Unavailable, "not yet")
+		}
+		if err := send("r1"); err != nil {
+			return err
+		}
+		if failAfterFirst {
+			return status.Error(codes.Unavailable, "broke after r1")
+		}
+		return send("r2")
+	}
+	srv := testserver.Start(t, &testserver.Server{
+		ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+			return answer(ss.Context(), func(b string) error {
+				return ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload(b)})
+			})
+		},
+		ClientStream: func(ss testgrpc.TestService_StreamingInputCallServer) error {
+			if !failAfter.Load() && attemptOf(ss.Context()) == 1 {
+				return status.Error(codes.Unavailable, "not yet")
+			}
+			for {
+				if _, err := ss.Recv(); err != nil {
+					break
+				}
+			}
+			return ss.SendAndClose(&testgrpc.StreamingInputCallResponse{AggregatedPayloadSize: 1})
+		},
+		Bidi: func(ss testgrpc.TestService_FullDuplexCallServer) error {
+			return answer(ss.Context(), func(b string) error {
+				return ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload(b)})
+			})
+		},
+	})
+	kinds := []kind{
+		{"server stream", func(c testgrpc.TestServiceClient, ctx context.Context) ([]string, error) {
+			s, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
+			if err != nil {
+				return nil, err
+			}
+			return recvAll(s.Recv)
+		}},
+		{"client stream", func(c testgrpc.TestServiceClient, ctx context.Context) ([]string, error) {
+			s, err := c.StreamingInputCall(ctx)
+			if err != nil {
+				return nil, err
+			}
+			s.Send(&testgrpc.StreamingInputCallRequest{Payload: payload("m1")})
+			s.Send(&testgrpc.StreamingInputCallRequest{Payload: payload("m2")})
+			resp, err := s.CloseAndRecv()
+			if err != nil {
+				return nil, err
+			}
+			return []string{fmt.Sprint(resp.GetAggregatedPayloadSize())}, nil
+		}},
+		{"bidi stream", func(c testgrpc.TestServiceClient, ctx context.Context) ([]string, error) {
+			s, err := c.FullDuplexCall(ctx)
+			if err != nil {
+				return nil, err
+			}
+			s.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload("m1")})
+			s.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload("m2")})
+			s.CloseSend()
+			return recvAll(s.Recv)
+		}},
+	}
+	c, _ := streamClient(t, srv)
+	for _, k := range kinds {
+		t.Run(k.name+"/failure at open", func(t *testing.T) {
+			failAfter.Store(false)
+			n := srv.Requests()
+			got, err := k.run(c, ctxT(t))
+			want := []string{"r1", "r2"}
+			if k.name == "client stream" {
+				want = []string{"1"}
+			}
+			if err != nil || !slices.Equal(got, want) {
+				t.Errorf("got %q, %v; want %q once", got, err, want)
+			}
+			if d := srv.Requests() - n; d != 2 {
+				t.Errorf("server saw %d attempts, want 2", d)
+			}
+		})
+		if k.name == "client stream" {
+			continue // its one response ends it: there is no "after"
+		}
+		t.Run(k.name+"/failure after first response", func(t *testing.T) {
+			failAfter.Store(true)
+			n := srv.Requests()
+			got, err := k.run(c, ctxT(t))
+			if !slices.Equal(got, []string{"r1"}) || status.Code(err) != codes.Unavailable {
+				t.Errorf("got %q, %v; want r1, then Unavailable", got, err)
+			}
+			if d := srv.Requests() - n; d != 1 {
+				t.Errorf("server saw %d attempts, want 1: a committed stream is never retried", d)
+			}
+		})
+	}
+}
+
+func TestHeaderCommitsTheStream(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+		ss.SendHeader(metadata.Pairs("served-by", fmt.Sprint(attemptOf(ss.Context()))))
+		time.Sleep(20 * ms) // let the client read the header first
+		return status.Error(codes.Unavailable, "after headers")
+	}})
+	c, _ := streamClient(t, srv)
+	stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := stream.Header()
+	if err != nil || md.Get("served-by")[0] != "1" {
+		t.Fatalf("Header = %v, %v", md, err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.Unavailable {
+		t.Errorf("Recv after headers: %v, want Unavailable, not retried", err)
+	}
+	if n := srv.Requests(); n != 1 {
+		t.Errorf("server saw %d attempts, want 1", n)
+	}
+	if stream.Context() == nil {
+		t.Error("Context() of the committed attempt is nil")
 	}
 }
