@@ -137,6 +137,11 @@ func (b *Breaker) Scope() string { return b.scope }
 // OpenTimeout has passed to half-open.
 func (b *Breaker) State() State { return fromGobreaker(b.cb.State()) }
 
+// LastState returns the state as of the breaker's last transition, without
+// taking its lock. An open breaker whose OpenTimeout has passed reads as
+// open until a call or State moves it to half-open.
+func (b *Breaker) LastState() State { return State(b.state.Load()) }
+
 // Counts returns gobreaker's counts for the current state.
 func (b *Breaker) Counts() gobreaker.Counts { return b.cb.Counts() }
 

@@ -30,6 +30,9 @@ const (
 	// OutcomePushbackStop: the server's grpc-retry-pushback-ms trailer said
 	// not to retry.
 	OutcomePushbackStop Outcome = "pushback_stop"
+	// OutcomeBudgetExhausted: the retry budget or gRPC's retry throttling
+	// refused the next retry.
+	OutcomeBudgetExhausted Outcome = "budget_exhausted"
 	// OutcomeFailedAfterCommit: a stream failed after it committed (the
 	// caller had headers or a message, or the replay buffer overflowed), so
 	// it was not retried.
@@ -41,7 +44,8 @@ const (
 
 // RetryError is the error of a call that failed with a retryable code and
 // was not retried further: its attempts ran out, the next wait would have
-// outlasted the caller's deadline, or the server's pushback said stop. It
+// outlasted the caller's deadline, the server's pushback said stop, or the
+// retry budget was spent. It
 // carries the last attempt's error: errors.Unwrap returns it, and
 // status.Code and status.FromError report its status unchanged.
 //
@@ -50,7 +54,8 @@ const (
 type RetryError struct {
 	// Attempts is how many attempts were sent, the first included.
 	Attempts int
-	// Outcome is OutcomeExhausted, OutcomeDeadline or OutcomePushbackStop.
+	// Outcome is OutcomeExhausted, OutcomeDeadline, OutcomePushbackStop or
+	// OutcomeBudgetExhausted.
 	Outcome Outcome
 	// Err is the last attempt's error.
 	Err error
@@ -64,6 +69,8 @@ func (e *RetryError) Error() string {
 		why = "stopped retrying: the next wait would outlast the deadline"
 	case OutcomePushbackStop:
 		why = "stopped retrying: the server's pushback said not to retry"
+	case OutcomeBudgetExhausted:
+		why = "stopped retrying: the retry budget is spent"
 	default:
 		why = "gave up"
 	}

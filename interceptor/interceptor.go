@@ -8,6 +8,8 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/budget"
+	"github.com/herdguard/herdguard/internal/cow"
 	"github.com/herdguard/herdguard/policy"
 )
 
@@ -26,6 +28,34 @@ type Interceptor struct {
 	buffers  sync.Pool // *attemptBuffer
 
 	streamBuffer int
+
+	metering   metering
+	throttling *policy.Throttling // nil: off
+	budget     *policy.Budget     // nil: off
+	limits     cow.Map[string, *limits]
+}
+
+// limits are the retry budgets of one target.
+type limits struct {
+	throttle *budget.Throttle
+	ratio    *budget.Ratio
+}
+
+// limitsFor returns the budgets of a target, or nil when none is on.
+func (ic *Interceptor) limitsFor(target string) *limits {
+	if ic.throttling == nil && ic.budget == nil {
+		return nil
+	}
+	return ic.limits.Get(target, func() *limits {
+		var l limits
+		if ic.throttling != nil {
+			l.throttle, _ = budget.NewThrottle(*ic.throttling) // validated in New
+		}
+		if ic.budget != nil {
+			l.ratio, _ = budget.NewRatio(*ic.budget, ic.clock.Now)
+		}
+		return &l
+	})
 }
 
 // resolved is a validated policy with its defaults filled in, ready for the
@@ -63,6 +93,8 @@ func New(opts ...Option) (*Interceptor, error) {
 		clock:        c.clock,
 		rand:         c.rand,
 		streamBuffer: c.streamBuffer,
+		throttling:   c.throttling,
+		budget:       c.budget,
 	}
 	ic.tracing.init(c.tp)
 	ic.buffers.New = func() any { return new(attemptBuffer) }
@@ -80,12 +112,24 @@ func New(opts ...Option) (*Interceptor, error) {
 		}
 	}
 	if !c.noBreaker {
-		g, err := breaker.NewGroup(c.breaker)
+		settings := c.breaker
+		user := settings.OnStateChange
+		settings.OnStateChange = func(scope string, from, to breaker.State) {
+			if user != nil {
+				user(scope, from, to)
+			}
+			// the breaker is locked here: read the instruments as they are
+			if m := ic.metering.current(); m != nil {
+				m.transition(scope, from, to)
+			}
+		}
+		g, err := breaker.NewGroup(settings)
 		if err != nil { // validate has checked; kept so no error is dropped
 			return nil, err
 		}
 		ic.breakers = g
 	}
+	ic.metering.init(c.mp, ic.breakers)
 	return ic, nil
 }
 

@@ -34,6 +34,8 @@ type config struct {
 	clock        clock
 	rand         func() float64
 	streamBuffer int
+	throttling   *policy.Throttling
+	budget       *policy.Budget
 }
 
 func defaultConfig() config {
@@ -87,9 +89,9 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 }
 
 // WithMeterProvider sets where metrics go. The default, and a nil mp, is the
-// global provider. The interceptor records no metrics yet: this option is
-// accepted now so that code written against it keeps working when
-// instruments arrive.
+// global provider as it is at each call. With a no-op provider no metric
+// work is done at all. The instruments are listed in the package
+// documentation.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return optionFunc(func(c *config) { c.mp = mp })
 }
@@ -100,6 +102,25 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // every stream commit at its first message.
 func WithStreamBuffer(bytes int) Option {
 	return optionFunc(func(c *config) { c.streamBuffer = bytes })
+}
+
+// WithRetryThrottling turns on gRPC's retry throttling (gRFC A6) with
+// exactly its semantics: a token bucket per target, shared by the unary
+// calls and streams of this interceptor. Each attempt that fails with a
+// retryable code takes a token, each successful call adds TokenRatio, and
+// retries stop while half the tokens or fewer are left. A call whose retry
+// is refused ends at once with its last status (outcome budget_exhausted).
+func WithRetryThrottling(t policy.Throttling) Option {
+	return optionFunc(func(c *config) { c.throttling = &t })
+}
+
+// WithRetryBudget turns on a ratio retry budget per target, shared by the
+// unary calls and streams of this interceptor: a retry is allowed while the
+// retries of the last Window are fewer than Ratio × the calls started in it
+// plus MinPerSecond × Window. A call whose retry is refused ends at once with
+// its last status (outcome budget_exhausted).
+func WithRetryBudget(b policy.Budget) Option {
+	return optionFunc(func(c *config) { c.budget = &b })
 }
 
 // withClock replaces the wall clock; tests use it to make waits instant.
@@ -166,6 +187,16 @@ func (c *config) validate() error {
 		}
 		if err := c.methods[name].Validate(); err != nil {
 			return fmt.Errorf("interceptor: WithMethodPolicy(%q): %w", name, err)
+		}
+	}
+	if c.throttling != nil {
+		if err := c.throttling.Validate(); err != nil {
+			return fmt.Errorf("interceptor: WithRetryThrottling: %w", err)
+		}
+	}
+	if c.budget != nil {
+		if err := c.budget.Validate(); err != nil {
+			return fmt.Errorf("interceptor: WithRetryBudget: %w", err)
 		}
 	}
 	if c.streamBuffer < 0 {

@@ -11,11 +11,15 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// backoffState is what the waits of one call remember between attempts.
+// backoffState is what one call's retry decisions remember and use.
 type backoffState struct {
 	prev    time.Duration // the last wait, for decorrelated jitter
 	retries int           // retries since the start or the last pushback
 	timer   timer         // made on the first wait, then reset
+
+	method string
+	lim    *limits        // the target's budgets; nil when none is on
+	meter  *meterSnapshot // nil when metrics are off
 }
 
 // decision is what follows a failed attempt: a wait and another attempt,
@@ -40,8 +44,15 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 	if !p.retryableCode(code) && !(timedOut && code == codes.DeadlineExceeded) {
 		return decision{outcome: OutcomeNotRetryable, err: err}
 	}
+	throttled := false
+	if bs.lim != nil && bs.lim.throttle != nil {
+		throttled = !bs.lim.throttle.Failure() // every retryable failure takes a token
+	}
 	if attempt >= maxAttempts {
 		return stop(OutcomeExhausted, attempt, err)
+	}
+	if throttled {
+		return bs.refuse(ctx, "throttling", attempt, err)
 	}
 	d := decision{retry: true, jitter: p.p.Jitter.String()}
 	if ms, ok, present := pushback(trailer); present {
@@ -58,7 +69,35 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 	if deadline, ok := ctx.Deadline(); ok && ic.clock.Now().Add(d.wait).After(deadline) {
 		return stop(OutcomeDeadline, attempt, err)
 	}
+	if bs.lim != nil && bs.lim.ratio != nil && !bs.lim.ratio.TryRetry() {
+		return bs.refuse(ctx, "ratio", attempt, err)
+	}
+	if bs.meter != nil {
+		bs.meter.retryDelay(ctx, bs.method, d.wait.Seconds())
+	}
 	return d
+}
+
+// refuse ends a call whose retry a budget refused, and counts the refusal.
+func (bs *backoffState) refuse(ctx context.Context, kind string, attempt int, err error) decision {
+	if bs.meter != nil {
+		bs.meter.refusal(ctx, bs.method, kind)
+	}
+	return stop(OutcomeBudgetExhausted, attempt, err)
+}
+
+// started records a call's first attempt with the budgets.
+func (bs *backoffState) started() {
+	if bs.lim != nil && bs.lim.ratio != nil {
+		bs.lim.ratio.Call()
+	}
+}
+
+// succeeded records a successful call with the throttling.
+func (bs *backoffState) succeeded() {
+	if bs.lim != nil && bs.lim.throttle != nil {
+		bs.lim.throttle.Success()
+	}
 }
 
 func stop(o Outcome, attempts int, err error) decision {

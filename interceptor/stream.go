@@ -94,6 +94,7 @@ type streamAttempt struct {
 	timeout  *time.Timer // cancels the attempt at PerAttemptTimeout until commit
 	timedOut atomic.Bool
 	span     trace.Span
+	ended    bool // its span is ended and it is counted; guarded by mu
 }
 
 var _ grpc.ClientStream = (*retryStream)(nil)
@@ -114,6 +115,9 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		err = status.Error(codes.InvalidArgument, err.Error())
 		s.outcome = OutcomeInvalidCallOption
 		s.endSpan(err)
+		if m := ic.metering.get(); m != nil {
+			m.call(ctx, method, s.outcome)
+		}
 		return nil, err
 	}
 	s.maxAttempts = p.p.MaxAttempts
@@ -130,6 +134,9 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 			}
 			s.outcome = OutcomeBreakerOpen
 			s.endSpan(err)
+			if m := ic.metering.get(); m != nil {
+				m.call(ctx, method, s.outcome)
+			}
 			return nil, err
 		}
 		s.done, s.probe = done, probe
@@ -137,6 +144,8 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 			s.maxAttempts = 1
 		}
 	}
+	s.bs.method, s.bs.lim, s.bs.meter = method, ic.limitsFor(cc.Target()), ic.metering.get()
+	s.bs.started()
 	s.mu.Lock()
 	err = s.retryLocked(nil)
 	s.mu.Unlock()
@@ -368,6 +377,9 @@ func (s *retryStream) finish(err error) {
 			s.outcome = OutcomeNotRetryable
 		}
 	}
+	if a != nil {
+		s.endAttempt(a, err)
+	}
 	s.mu.Unlock()
 
 	if s.unwatch != nil {
@@ -377,23 +389,33 @@ func (s *retryStream) finish(err error) {
 		if a.timeout != nil {
 			a.timeout.Stop()
 		}
-		s.endAttempt(a, err)
 		a.cancel(nil) // the stream is over: release the attempt's context
+	}
+	if err == nil {
+		s.bs.succeeded()
 	}
 	if s.done != nil {
 		s.done(verdict(s.ctx, err))
 	}
 	s.endSpan(err)
+	if s.bs.meter != nil {
+		s.bs.meter.call(s.ctx, s.method, s.outcome)
+	}
 }
 
-// endAttempt ends an attempt's span once.
+// endAttempt ends an attempt's span and counts it, once.
 func (s *retryStream) endAttempt(a *streamAttempt, err error) {
-	if a.span == nil {
+	if a.ended {
 		return
 	}
-	st := status.Convert(err)
-	endAttempt(a.span, st.Code(), st.Message())
-	a.span = nil
+	a.ended = true
+	if s.bs.meter != nil {
+		s.bs.meter.attempt(s.ctx, s.method, status.Code(err), a.n > 1)
+	}
+	if a.span != nil {
+		st := status.Convert(err)
+		endAttempt(a.span, st.Code(), st.Message())
+	}
 }
 
 func (s *retryStream) endSpan(err error) {

@@ -58,6 +58,7 @@ type tracing struct {
 
 type tracerSnapshot struct {
 	tp     trace.TracerProvider
+	cmp    bool // tp's type is comparable
 	tracer trace.Tracer
 	on     bool
 }
@@ -72,7 +73,7 @@ func (t *tracing) init(tp trace.TracerProvider) {
 }
 
 func newSnapshot(tp trace.TracerProvider) *tracerSnapshot {
-	s := &tracerSnapshot{tp: tp, on: !isNoop(tp)}
+	s := &tracerSnapshot{tp: tp, cmp: comparable(tp), on: !isNoop(tp)}
 	if s.on {
 		s.tracer = tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version))
 	}
@@ -83,7 +84,7 @@ func newSnapshot(tp trace.TracerProvider) *tracerSnapshot {
 func (t *tracing) tracer() trace.Tracer {
 	s := t.cur.Load()
 	if !t.fixed {
-		if tp := otel.GetTracerProvider(); !sameProvider(tp, s.tp) {
+		if tp := otel.GetTracerProvider(); !sameProvider(tp, s.tp, s.cmp) {
 			s = newSnapshot(tp)
 			t.cur.Store(s)
 		}
@@ -94,18 +95,26 @@ func (t *tracing) tracer() trace.Tracer {
 	return s.tracer
 }
 
-func sameProvider(a, b trace.TracerProvider) bool {
-	ta := reflect.TypeOf(a)
-	if ta != reflect.TypeOf(b) {
-		return false
+// sameProvider reports whether p is still the provider old, whose type's
+// comparability is oldCmp. A provider of a type that cannot be compared is
+// taken as unchanged while its type stays the same.
+func sameProvider(p, old any, oldCmp bool) bool {
+	if oldCmp {
+		return p == old // different dynamic types compare unequal, never panic
 	}
-	return ta == nil || !ta.Comparable() || a == b
+	return reflect.TypeOf(p) == reflect.TypeOf(old)
 }
 
-// isGlobalDelegate reports whether tp is OpenTelemetry's global provider
-// before an SDK is installed: it records nothing until one is.
-func isGlobalDelegate(tp trace.TracerProvider) bool {
-	t := reflect.TypeOf(tp)
+func comparable(p any) bool {
+	t := reflect.TypeOf(p)
+	return t == nil || t.Comparable()
+}
+
+// isGlobalDelegate reports whether p is one of OpenTelemetry's global
+// providers (tracer or meter) before an SDK is installed: it records
+// nothing until one is.
+func isGlobalDelegate(p any) bool {
+	t := reflect.TypeOf(p)
 	return t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "go.opentelemetry.io/otel/internal/global"
 }
 
@@ -119,10 +128,7 @@ func isNoop(tp trace.TracerProvider) bool {
 
 // startCall starts the call span.
 func startCall(ctx context.Context, tr trace.Tracer, method string) (context.Context, trace.Span) {
-	name := method
-	if len(name) > 0 && name[0] == '/' {
-		name = name[1:]
-	}
+	name := trimSlash(method)
 	return tr.Start(ctx, name,
 		trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(semconv.RPCSystemNameGRPC, semconv.RPCMethod(name)))

@@ -48,6 +48,8 @@ type unaryCall struct {
 	cc      *grpc.ClientConn
 	invoker grpc.UnaryInvoker
 	buf     *attemptBuffer
+	lim     *limits
+	meter   *meterSnapshot
 
 	attempts int
 	outcome  Outcome
@@ -65,12 +67,16 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		if span != nil {
 			endCall(span, 0, OutcomeInvalidCallOption, codes.InvalidArgument, err.Error())
 		}
+		if m := ic.metering.get(); m != nil {
+			m.call(ctx, method, OutcomeInvalidCallOption)
+		}
 		return err
 	}
 
 	buf := ic.buffers.Get().(*attemptBuffer)
 	buf.opts = append(append(buf.opts[:0], opts...), grpc.Trailer(&buf.trailer))
-	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf}
+	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf,
+		lim: ic.limitsFor(cc.Target()), meter: ic.metering.get()}
 	maxAttempts := p.p.MaxAttempts
 	if noRetry {
 		maxAttempts = 1
@@ -113,6 +119,9 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		st := status.Convert(err)
 		endCall(span, c.attempts, c.outcome, st.Code(), st.Message())
 	}
+	if c.meter != nil {
+		c.meter.call(ctx, method, c.outcome)
+	}
 	return err
 }
 
@@ -132,11 +141,12 @@ func verdict(ctx context.Context, err error) herdguard.Verdict {
 // call's error. It sets c.attempts and c.outcome.
 func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	var (
-		bs       = backoffState{timer: c.buf.timer}
+		bs       = backoffState{timer: c.buf.timer, method: c.method, lim: c.lim, meter: c.meter}
 		retryCtx context.Context
 		retryMD  metadata.MD
 	)
 	defer func() { c.buf.timer = bs.timer }()
+	bs.started()
 	for attempt := 1; ; attempt++ {
 		c.attempts = attempt
 		actx := ctx
@@ -158,6 +168,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		perAttemptTimeout, err := c.attempt(actx, attempt, attempt < maxAttempts)
 		if err == nil {
 			c.outcome = OutcomeOK
+			bs.succeeded()
 			return nil
 		}
 		d := c.ic.decide(ctx, c.p, &bs, attempt, maxAttempts, err, perAttemptTimeout, c.buf.trailer)
@@ -199,6 +210,9 @@ func (c *unaryCall) attempt(ctx context.Context, n int, mayRetry bool) (perAttem
 	if span != nil {
 		st := status.Convert(err)
 		endAttempt(span, st.Code(), st.Message())
+	}
+	if c.meter != nil {
+		c.meter.attempt(ctx, c.method, status.Code(err), n > 1)
 	}
 	return perAttemptTimeout, err
 }

@@ -1,0 +1,146 @@
+// Package budget caps retries across all the calls of an interceptor, so
+// that retries cannot multiply an outage: a per-call attempt cap does not,
+// since every call still makes all its attempts while a backend is down.
+//
+// [Throttle] is gRPC's retry throttling (gRFC A6), a token bucket; [Ratio]
+// is a ratio budget with a reserve, as Finagle, Linkerd and Envoy keep. Both
+// are safe for concurrent use and allocate nothing per call. Their
+// configurations are [policy.Throttling] and [policy.Budget].
+package budget
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/herdguard/herdguard/policy"
+)
+
+// Throttle is gRPC's retry throttling: a token bucket counted in
+// thousandths of a token, as gRPC counts it.
+type Throttle struct {
+	max, ratio, threshold int64 // milli-tokens
+	tokens                atomic.Int64
+}
+
+// NewThrottle returns a full bucket for t.
+func NewThrottle(t policy.Throttling) (*Throttle, error) {
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	th := &Throttle{
+		max:   int64(t.MaxTokens * 1000),
+		ratio: int64(t.TokenRatio*1000 + 0.5),
+	}
+	th.threshold = th.max / 2
+	th.tokens.Store(th.max)
+	return th, nil
+}
+
+// Failure records an attempt that failed with a retryable code, taking one
+// token, and reports whether a retry is still allowed: more than half the
+// tokens are left.
+func (t *Throttle) Failure() (retryAllowed bool) {
+	for {
+		cur := t.tokens.Load()
+		next := max(cur-1000, 0)
+		if t.tokens.CompareAndSwap(cur, next) {
+			return next > t.threshold
+		}
+	}
+}
+
+// Success records a successful call, adding TokenRatio up to MaxTokens.
+func (t *Throttle) Success() {
+	for {
+		cur := t.tokens.Load()
+		next := min(cur+t.ratio, t.max)
+		if next == cur || t.tokens.CompareAndSwap(cur, next) {
+			return
+		}
+	}
+}
+
+// Tokens returns the tokens left.
+func (t *Throttle) Tokens() float64 { return float64(t.tokens.Load()) / 1000 }
+
+// buckets is how many parts the Ratio window is counted in.
+const buckets = 10
+
+// Ratio is a ratio retry budget over a sliding window.
+type Ratio struct {
+	ratio   float64
+	reserve float64 // MinPerSecond × Window
+	width   time.Duration
+	now     func() time.Time
+	start   time.Time
+
+	mu      sync.Mutex // guards the counts
+	epoch   int64      // index of the newest bucket since start
+	calls   [buckets]int64
+	retries [buckets]int64
+}
+
+// NewRatio returns an empty budget for b that reads the time from now (nil:
+// time.Now).
+func NewRatio(b policy.Budget, now func() time.Time) (*Ratio, error) {
+	if err := b.Validate(); err != nil {
+		return nil, err
+	}
+	b = b.WithDefaults()
+	if now == nil {
+		now = time.Now
+	}
+	return &Ratio{
+		ratio: b.Ratio, reserve: b.MinPerSecond * b.Window.Seconds(),
+		width: b.Window / buckets, now: now, start: now(),
+	}, nil
+}
+
+// advanceLocked moves the window to now, clearing the buckets that fell out.
+func (r *Ratio) advanceLocked() int {
+	e := int64(r.now().Sub(r.start) / r.width)
+	if e > r.epoch {
+		for i := r.epoch + 1; i <= e && i <= r.epoch+buckets; i++ {
+			r.calls[i%buckets], r.retries[i%buckets] = 0, 0
+		}
+		r.epoch = e
+	}
+	return int(r.epoch % buckets)
+}
+
+// Call records a call started: its first attempt.
+func (r *Ratio) Call() {
+	r.mu.Lock()
+	r.calls[r.advanceLocked()]++
+	r.mu.Unlock()
+}
+
+// TryRetry reports whether a retry is allowed now and, if so, counts it.
+func (r *Ratio) TryRetry() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := r.advanceLocked()
+	var calls, retries int64
+	for j := range buckets {
+		calls += r.calls[j]
+		retries += r.retries[j]
+	}
+	if float64(retries) >= r.ratio*float64(calls)+r.reserve {
+		return false
+	}
+	r.retries[i]++
+	return true
+}
+
+// Counts returns the calls and retries in the window now.
+func (r *Ratio) Counts() (calls, retries int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.advanceLocked()
+	for j := range buckets {
+		calls += r.calls[j]
+		retries += r.retries[j]
+	}
+	return calls, retries
+}
