@@ -1,0 +1,242 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/policy"
+)
+
+func TestThrottlingStopsRetries(t *testing.T) {
+	// 10 tokens: each failed attempt takes one; retries stop at 5 or fewer
+	srv, c, _, _ := setup(t, fail(codes.Unavailable), WithoutBreaker(),
+		WithPolicy(policy.Policy{MaxAttempts: 10, InitialBackoff: ms}),
+		WithRetryThrottling(policy.Throttling{MaxTokens: 10, TokenRatio: 0.5}))
+	err := call(t, c)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Outcome != OutcomeBudgetExhausted || status.Code(err) != codes.Unavailable {
+		t.Fatalf("err = %v, want a RetryError with outcome budget_exhausted and the last status", err)
+	}
+	if n := srv.Requests(); n != 5 {
+		t.Errorf("server saw %d attempts, want 5 (tokens 9, 8, 7, 6 allow retries; 5 does not)", n)
+	}
+	// a throttled target refuses the first retry of the next call
+	n := srv.Requests()
+	call(t, c)
+	if d := srv.Requests() - n; d != 1 {
+		t.Errorf("next call sent %d attempts, want 1", d)
+	}
+}
+
+func TestThrottlingRefillsOnSuccess(t *testing.T) {
+	sc := &script{}
+	srv, c, _, _ := setup(t, sc, WithoutBreaker(), WithPolicy(policy.Policy{MaxAttempts: 2, InitialBackoff: ms}),
+		WithRetryThrottling(policy.Throttling{MaxTokens: 4, TokenRatio: 1}))
+	sc.errs = []error{status.Error(codes.Unavailable, "x")} // 4 -> 3 tokens: 3 > 2, retry allowed; 2: not
+	call(t, c)                                              // tokens 4 -> 3 -> 2
+	if n := srv.Requests(); n != 2 {
+		t.Fatalf("server saw %d, want 2", n)
+	}
+	sc.mu.Lock()
+	sc.errs, sc.n = []error{nil}, 0
+	sc.mu.Unlock()
+	call(t, c) // success: 2 -> 3
+	call(t, c) // 3 -> 4
+	sc.mu.Lock()
+	sc.errs, sc.n = []error{status.Error(codes.Unavailable, "x"), nil}, 0
+	sc.mu.Unlock()
+	if err := call(t, c); err != nil {
+		t.Errorf("after successes refilled the bucket a retry must be allowed: %v", err)
+	}
+}
+
+// TestBudgetUnderConcurrency fires 1000 calls at once at a server that
+// fails every first attempt: the budget allows exactly Ratio × calls +
+// reserve retries, and the server sees exactly calls + allowed retries.
+func TestBudgetUnderConcurrency(t *testing.T) {
+	var attempts atomic.Int64
+	srv := testserver.Start(t, &testserver.Server{NoRecord: true, Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+		attempts.Add(1)
+		if attemptOf(ctx) == 1 {
+			return nil, status.Error(codes.Unavailable, "first attempts fail")
+		}
+		return &testgrpc.SimpleResponse{}, nil
+	}})
+	rec, mp := newMetrics()
+	ic, err := New(withClock(newFakeClock()), WithoutBreaker(), WithMeterProvider(mp),
+		WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: ms}),
+		WithRetryBudget(policy.Budget{Ratio: 0.1, MinPerSecond: 1, Window: time.Minute})) // 100 + 60
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	const calls = 1000
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range calls {
+		wg.Go(func() {
+			<-start
+			err := call(t, c)
+			var re *RetryError
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errors.As(err, &re) && re.Outcome == OutcomeBudgetExhausted:
+				refused.Add(1)
+			default:
+				t.Errorf("unexpected %v", err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	// The budget is checked when a call fails, which may be before every
+	// call has started: a retry is allowed while retries < 0.1 × calls
+	// started so far + 60. It is exact in sum: every call either retried
+	// (and succeeded) or was refused.
+	if ok.Load()+refused.Load() != calls {
+		t.Fatalf("%d ok + %d refused != %d calls", ok.Load(), refused.Load(), calls)
+	}
+	if got := attempts.Load(); got != calls+ok.Load() {
+		t.Errorf("server saw %d attempts, want %d first attempts + %d retries", got, calls, ok.Load())
+	}
+	if ok.Load() > 160 || ok.Load() < 60 {
+		t.Errorf("%d retries allowed, want between the reserve 60 and 0.1 × 1000 + 60", ok.Load())
+	}
+	if got := sumInt(t, rec, MetricBudgetRefusals, nil); got != refused.Load() {
+		t.Errorf("refusals metric %d, want %d", got, refused.Load())
+	}
+}
+
+func newMetrics() (*sdkmetric.ManualReader, *sdkmetric.MeterProvider) {
+	r := sdkmetric.NewManualReader()
+	return r, sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))
+}
+
+// collect returns the named metric's data points.
+func collect(t *testing.T, r *sdkmetric.ManualReader, name string) metricdata.Aggregation {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name != ScopeName {
+			continue
+		}
+		for _, m := range sm.Metrics {
+			if m.Name == name {
+				return m.Data
+			}
+		}
+	}
+	return nil
+}
+
+// sumInt adds the points of an int64 counter whose attributes include
+// every one in want.
+func sumInt(t *testing.T, r *sdkmetric.ManualReader, name string, want []attribute.KeyValue) int64 {
+	t.Helper()
+	data, _ := collect(t, r, name).(metricdata.Sum[int64])
+	var n int64
+	for _, p := range data.DataPoints {
+		match := true
+		for _, kv := range want {
+			if v, ok := p.Attributes.Value(kv.Key); !ok || v != kv.Value {
+				match = false
+			}
+		}
+		if match {
+			n += p.Value
+		}
+	}
+	return n
+}
+
+func TestMetrics(t *testing.T) {
+	rec, mp := newMetrics()
+	sc := fail(codes.Unavailable, codes.Unavailable, codes.OK)
+	srv, c, _, ic := setup(t, sc, WithMeterProvider(mp), WithPolicy(tablePolicy), WithBreaker(breaker.Settings{ConsecutiveFailures: 1}))
+	if err := call(t, c); err != nil {
+		t.Fatal(err)
+	}
+	method := attribute.String("rpc.method", "grpc.testing.TestService/UnaryCall")
+	for _, tt := range []struct {
+		attrs []attribute.KeyValue
+		want  int64
+	}{
+		{[]attribute.KeyValue{method}, 3},
+		{[]attribute.KeyValue{AttrRetry.Bool(false)}, 1},
+		{[]attribute.KeyValue{AttrRetry.Bool(true), attribute.String("rpc.response.status_code", "UNAVAILABLE")}, 1},
+		{[]attribute.KeyValue{AttrRetry.Bool(true), attribute.String("rpc.response.status_code", "OK")}, 1},
+	} {
+		if got := sumInt(t, rec, MetricAttempts, tt.attrs); got != tt.want {
+			t.Errorf("attempts with %v = %d, want %d", tt.attrs, got, tt.want)
+		}
+	}
+	if got := sumInt(t, rec, MetricCalls, []attribute.KeyValue{AttrOutcome.String("ok")}); got != 1 {
+		t.Errorf("ok calls %d, want 1", got)
+	}
+	hist, _ := collect(t, rec, MetricRetryDelay).(metricdata.Histogram[float64])
+	if len(hist.DataPoints) != 1 || hist.DataPoints[0].Count != 2 || hist.DataPoints[0].Sum != 0.03 {
+		t.Errorf("retry delay %+v, want 2 waits summing to 0.03 s", hist.DataPoints)
+	}
+
+	// trip the breaker: one exhausted call, then one refused
+	sc.mu.Lock()
+	sc.errs, sc.n = []error{status.Error(codes.Unavailable, "down")}, 0
+	sc.mu.Unlock()
+	call(t, c)
+	call(t, c)
+	if got := sumInt(t, rec, MetricCalls, []attribute.KeyValue{AttrOutcome.String("breaker_open")}); got != 1 {
+		t.Errorf("breaker_open calls %d, want 1", got)
+	}
+	if got := sumInt(t, rec, MetricBreakerTransitions, []attribute.KeyValue{AttrBreakerTo.String("open")}); got != 1 {
+		t.Errorf("transitions to open %d, want 1", got)
+	}
+	gauge, _ := collect(t, rec, MetricBreakerState).(metricdata.Gauge[int64])
+	if len(gauge.DataPoints) != 1 || gauge.DataPoints[0].Value != 2 {
+		t.Errorf("breaker state gauge %+v, want one point of 2 (open)", gauge.DataPoints)
+	}
+	_, _ = srv, ic
+}
+
+func TestMetricsOffCostNothing(t *testing.T) {
+	ic, err := New(WithoutBreaker())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ic.metering.get() != nil {
+		t.Error("metrics on with the global no-op meter provider")
+	}
+	_, mp := newMetrics()
+	ic, _ = New(WithMeterProvider(mp))
+	if ic.metering.get() == nil {
+		t.Error("metrics off with an SDK meter provider")
+	}
+}
+
+func TestNewRejectsBadBudgets(t *testing.T) {
+	for _, o := range []Option{
+		WithRetryThrottling(policy.Throttling{MaxTokens: 0, TokenRatio: 1}),
+		WithRetryBudget(policy.Budget{Ratio: -1}),
+	} {
+		if _, err := New(o); err == nil {
+			t.Errorf("New accepted a bad budget")
+		}
+	}
+}
