@@ -40,6 +40,7 @@ package herdguard
 
 import (
 	"strconv"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 )
@@ -94,6 +95,37 @@ func BreakerVerdict(c codes.Code) Verdict {
 // IsServerFailure reports whether c, as a call's final code, counts as a
 // server failure for the circuit breaker.
 func IsServerFailure(c codes.Code) bool { return BreakerVerdict(c) == Failure }
+
+// CodeName returns the code's name as gRPC's specification spells it
+// ("UNAVAILABLE"), which is also how service configs and the semantic
+// conventions write it. A code gRPC does not define is "UNKNOWN".
+func CodeName(c codes.Code) string {
+	if IsKnownCode(c) {
+		return codeNames[c]
+	}
+	return "UNKNOWN"
+}
+
+// ParseCode parses a code's specification name, in any case
+// ("UNAVAILABLE", "Unavailable"), or its number ("14").
+func ParseCode(s string) (codes.Code, bool) {
+	for i, name := range codeNames {
+		if strings.EqualFold(s, name) || strings.EqualFold(s, codes.Code(i).String()) {
+			return codes.Code(i), true
+		}
+	}
+	if n, err := strconv.ParseUint(s, 10, 32); err == nil && IsKnownCode(codes.Code(n)) {
+		return codes.Code(n), true
+	}
+	return 0, false
+}
+
+var codeNames = [...]string{
+	"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+	"NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+	"FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+	"INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+}
 
 // IsKnownCode reports whether c is one of the 17 codes gRPC defines.
 func IsKnownCode(c codes.Code) bool { return c <= codes.Unauthenticated }

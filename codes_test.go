@@ -1,6 +1,8 @@
 package herdguard_test
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -73,5 +75,24 @@ func TestIsKnownCode(t *testing.T) {
 	}
 	if herdguard.IsKnownCode(codes.Code(17)) {
 		t.Error("IsKnownCode(17) = true, want false")
+	}
+}
+
+func TestCodeNames(t *testing.T) {
+	for c := codes.OK; c <= codes.Unauthenticated; c++ {
+		name := herdguard.CodeName(c)
+		for _, s := range []string{name, strings.ToLower(name), c.String(), strconv.Itoa(int(c))} {
+			if got, ok := herdguard.ParseCode(s); !ok || got != c {
+				t.Errorf("ParseCode(%q) = %v, %v; want %v", s, got, ok, c)
+			}
+		}
+	}
+	if herdguard.CodeName(codes.Unavailable) != "UNAVAILABLE" || herdguard.CodeName(codes.Canceled) != "CANCELLED" || herdguard.CodeName(99) != "UNKNOWN" {
+		t.Error("CodeName spells codes wrong")
+	}
+	for _, s := range []string{"", "NOPE", "17", "-1", "UNAVAILABLE "} {
+		if _, ok := herdguard.ParseCode(s); ok {
+			t.Errorf("ParseCode(%q) succeeded", s)
+		}
 	}
 }

@@ -36,6 +36,7 @@ type config struct {
 	streamBuffer int
 	throttling   *policy.Throttling
 	budget       *policy.Budget
+	err          error // the first error an option met while applying
 }
 
 func defaultConfig() config {
@@ -123,6 +124,39 @@ func WithRetryBudget(b policy.Budget) Option {
 	return optionFunc(func(c *config) { c.budget = &b })
 }
 
+// WithServiceConfig takes the retry policies, timeouts and retry throttling
+// from gRPC service config JSON (see [policy.ParseServiceConfig] for what is
+// read and how herdguard differs from gRPC). The default method config acts
+// as WithPolicy, service and method configs as WithMethodPolicy, and
+// retryThrottling as WithRetryThrottling; options given later override
+// them. An invalid config makes New fail, naming the JSON path and value.
+//
+// Give the config to herdguard only, not also to grpc.WithDefaultServiceConfig,
+// or gRPC's own retry runs inside herdguard's.
+func WithServiceConfig(json string) Option {
+	return optionFunc(func(c *config) {
+		sc, err := policy.ParseServiceConfig([]byte(json))
+		if err != nil {
+			if c.err == nil {
+				c.err = fmt.Errorf("interceptor: WithServiceConfig: %w", err)
+			}
+			return
+		}
+		if sc.Default != nil {
+			WithPolicy(*sc.Default).apply(c)
+		}
+		for svc, p := range sc.Services {
+			WithMethodPolicy("/"+svc+"/", p).apply(c)
+		}
+		for m, p := range sc.Methods {
+			WithMethodPolicy("/"+m, p).apply(c)
+		}
+		if sc.Throttling != nil {
+			WithRetryThrottling(*sc.Throttling).apply(c)
+		}
+	})
+}
+
 // withClock replaces the wall clock; tests use it to make waits instant.
 func withClock(cl clock) Option {
 	return optionFunc(func(c *config) {
@@ -178,6 +212,9 @@ func (t realTimer) Stop() bool                 { return t.t.Stop() }
 func (t realTimer) Reset(d time.Duration) bool { return t.t.Reset(d) }
 
 func (c *config) validate() error {
+	if c.err != nil {
+		return c.err
+	}
 	if err := c.policy.Validate(); err != nil {
 		return fmt.Errorf("interceptor: WithPolicy: %w", err)
 	}

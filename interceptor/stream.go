@@ -54,6 +54,8 @@ type retryStream struct {
 	done     func(herdguard.Verdict) // the breaker's, nil without one
 	probe    bool
 	unwatch  func() bool // stops watching the caller's context
+	// cancelTimeout releases the context of the policy's Timeout, if any.
+	cancelTimeout context.CancelFunc
 
 	maxAttempts int
 
@@ -120,6 +122,10 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		}
 		return nil, err
 	}
+	if d := p.p.Timeout; d > 0 {
+		ctx, s.cancelTimeout = context.WithTimeout(ctx, d)
+		s.ctx = ctx
+	}
 	s.maxAttempts = p.p.MaxAttempts
 	if noRetry {
 		s.maxAttempts = 1
@@ -133,6 +139,9 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 				breakerRejected(s.span, oe)
 			}
 			s.outcome = OutcomeBreakerOpen
+			if s.cancelTimeout != nil {
+				s.cancelTimeout()
+			}
 			s.endSpan(err)
 			if m := ic.metering.get(); m != nil {
 				m.call(ctx, method, s.outcome)
@@ -384,6 +393,9 @@ func (s *retryStream) finish(err error) {
 
 	if s.unwatch != nil {
 		s.unwatch()
+	}
+	if s.cancelTimeout != nil {
+		defer s.cancelTimeout()
 	}
 	if a != nil {
 		if a.timeout != nil {

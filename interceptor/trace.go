@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/codes"
 
+	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
 )
 
@@ -180,16 +181,4 @@ func breakerChanged(span trace.Span, scope string, from, to breaker.State) {
 
 // canonicalCode returns the status code's name as gRPC's spec spells it,
 // which is what rpc.response.status_code carries.
-func canonicalCode(c codes.Code) string {
-	if int(c) < len(canonicalCodes) {
-		return canonicalCodes[c]
-	}
-	return "UNKNOWN"
-}
-
-var canonicalCodes = [...]string{
-	"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-	"NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-	"FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
-	"INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
-}
+func canonicalCode(c codes.Code) string { return herdguard.CodeName(c) }

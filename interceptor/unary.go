@@ -73,6 +73,11 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		return err
 	}
 
+	if d := p.p.Timeout; d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
 	buf := ic.buffers.Get().(*attemptBuffer)
 	buf.opts = append(append(buf.opts[:0], opts...), grpc.Trailer(&buf.trailer))
 	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf,

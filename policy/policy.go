@@ -46,6 +46,10 @@ type Policy struct {
 	// allows, whether or not DeadlineExceeded is in RetryableCodes.
 	// 0 means no per-attempt bound.
 	PerAttemptTimeout time.Duration
+	// Timeout bounds the whole call, every attempt and wait included, as a
+	// service config's "timeout" does; the caller's own deadline still
+	// applies when it is sooner. 0 means no bound beyond the caller's.
+	Timeout time.Duration
 }
 
 // Default returns the default policy: 3 attempts, waits from 100ms doubling
@@ -97,6 +101,8 @@ func (p Policy) Validate() error {
 		return fieldError("Jitter", int(p.Jitter), "is not a known Jitter")
 	case p.PerAttemptTimeout < 0:
 		return fieldError("PerAttemptTimeout", p.PerAttemptTimeout, "must not be negative")
+	case p.Timeout < 0:
+		return fieldError("Timeout", p.Timeout, "must not be negative")
 	}
 	for i, c := range p.RetryableCodes {
 		switch {

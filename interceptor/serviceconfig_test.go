@@ -1,0 +1,67 @@
+package interceptor
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/policy"
+)
+
+func TestWithServiceConfig(t *testing.T) {
+	const sc = `{"methodConfig": [
+	  {"name": [{"service": "grpc.testing.TestService"}],
+	   "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+	     "backoffMultiplier": 2, "retryableStatusCodes": ["INTERNAL"]}},
+	  {"name": [{"service": "grpc.testing.TestService", "method": "EmptyCall"}], "timeout": "0.05s"}],
+	 "retryThrottling": {"maxTokens": 100, "tokenRatio": 1}}`
+	sleepy := func(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	srv := testserver.Start(t, &testserver.Server{Unary: fail(codes.Internal).unary, Empty: sleepy})
+	ic, err := New(withClock(newFakeClock()), WithoutBreaker(), WithServiceConfig(sc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ic.throttling == nil || ic.throttling.MaxTokens != 100 {
+		t.Errorf("retryThrottling not taken: %+v", ic.throttling)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	if err := call(t, c); status.Code(err) != codes.Internal {
+		t.Fatalf("err = %v", err)
+	}
+	if n := srv.Requests(); n != 4 {
+		t.Errorf("server saw %d attempts, want the service config's 4 (INTERNAL retryable)", n)
+	}
+	start := time.Now()
+	_, err = c.EmptyCall(context.Background(), &testgrpc.Empty{})
+	if status.Code(err) != codes.DeadlineExceeded || time.Since(start) > 5*time.Second {
+		t.Errorf("EmptyCall: %v after %v; want DeadlineExceeded from the 50ms timeout", err, time.Since(start))
+	}
+
+	// a later option overrides the config
+	ic, _ = New(withClock(newFakeClock()), WithoutBreaker(), WithServiceConfig(sc),
+		WithMethodPolicy("/grpc.testing.TestService/", policy.Policy{MaxAttempts: 2, RetryableCodes: []codes.Code{codes.Internal}}))
+	n := srv.Requests()
+	call(t, srv.Client(t, ic.DialOptions()...))
+	if d := srv.Requests() - n; d != 2 {
+		t.Errorf("server saw %d attempts, want 2 from the later WithMethodPolicy", d)
+	}
+}
+
+func TestWithServiceConfigErrors(t *testing.T) {
+	_, err := New(WithServiceConfig(`{"methodConfig": [{"name": [{"service": "a.B"}], "retryPolicy": {"maxAttempts": 0}}]}`))
+	if err == nil || !strings.Contains(err.Error(), "WithServiceConfig") || !strings.Contains(err.Error(), "methodConfig[0].retryPolicy.maxAttempts = 0") {
+		t.Errorf("New = %v, want an error naming the option, the JSON path and the value", err)
+	}
+	if _, err := New(WithServiceConfig(`{`)); err == nil {
+		t.Error("New accepted malformed JSON")
+	}
+}
