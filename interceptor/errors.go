@@ -33,6 +33,10 @@ const (
 	// OutcomeBudgetExhausted: the retry budget or gRPC's retry throttling
 	// refused the next retry.
 	OutcomeBudgetExhausted Outcome = "budget_exhausted"
+	// OutcomeNotIdempotent: an attempt failed with a retryable code, but
+	// the method is not marked idempotent (WithIdempotentOnly) and the
+	// request may have reached the server, so it was not repeated.
+	OutcomeNotIdempotent Outcome = "not_idempotent"
 	// OutcomeFailedAfterCommit: a stream failed after it committed (the
 	// caller had headers or a message, or the replay buffer overflowed), so
 	// it was not retried.

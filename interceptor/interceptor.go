@@ -33,6 +33,10 @@ type Interceptor struct {
 	throttling *policy.Throttling // nil: off
 	budget     *policy.Budget     // nil: off
 	limits     cow.Map[string, *limits]
+
+	idempotencyKey string
+	idempotentOnly bool
+	idempotent     cow.Map[string, bool] // method -> safe to retry
 }
 
 // limits are the retry budgets of one target.
@@ -95,6 +99,9 @@ func New(opts ...Option) (*Interceptor, error) {
 		streamBuffer: c.streamBuffer,
 		throttling:   c.throttling,
 		budget:       c.budget,
+
+		idempotencyKey: c.idempotencyKey,
+		idempotentOnly: c.idempotentOnly,
 	}
 	ic.tracing.init(c.tp)
 	ic.buffers.New = func() any { return new(attemptBuffer) }

@@ -37,6 +37,9 @@ type config struct {
 	throttling   *policy.Throttling
 	budget       *policy.Budget
 	err          error // the first error an option met while applying
+
+	idempotencyKey string // metadata key; "" = off
+	idempotentOnly bool
 }
 
 func defaultConfig() config {
@@ -157,6 +160,26 @@ func WithServiceConfig(json string) Option {
 	})
 }
 
+// WithIdempotencyKey attaches an idempotency key to every logical call and
+// stream: outgoing metadata metadataKey with a fresh random value per call,
+// the same on each of its attempts, so a server can refuse a duplicate of
+// something it already did. metadataKey must be a valid, non-reserved
+// metadata key, such as "idempotency-key".
+func WithIdempotencyKey(metadataKey string) Option {
+	return optionFunc(func(c *config) { c.idempotencyKey = metadataKey })
+}
+
+// WithIdempotentOnly retries freely only the methods whose protobuf
+// definition says they are safe to repeat (idempotency_level IDEMPOTENT or
+// NO_SIDE_EFFECTS, read from the registered descriptors). Any other method,
+// or one with no registered descriptor, is retried only when its request
+// provably never reached the server: no connection to it could be made.
+// Such a call that fails after it may have been acted on ends with outcome
+// not_idempotent.
+func WithIdempotentOnly() Option {
+	return optionFunc(func(c *config) { c.idempotentOnly = true })
+}
+
 // withClock replaces the wall clock; tests use it to make waits instant.
 func withClock(cl clock) Option {
 	return optionFunc(func(c *config) {
@@ -236,6 +259,9 @@ func (c *config) validate() error {
 			return fmt.Errorf("interceptor: WithRetryBudget: %w", err)
 		}
 	}
+	if k := c.idempotencyKey; k != "" && !validMetadataKey(k) {
+		return fmt.Errorf("interceptor: WithIdempotencyKey(%q): want a lower-case metadata key of letters, digits, '-', '_' and '.', not starting with \"grpc-\" nor ending in \"-bin\"", k)
+	}
 	if c.streamBuffer < 0 {
 		return fmt.Errorf("interceptor: WithStreamBuffer(%d): must not be negative", c.streamBuffer)
 	}
@@ -245,4 +271,17 @@ func (c *config) validate() error {
 		}
 	}
 	return nil
+}
+
+// validMetadataKey reports whether k can carry a plain string value.
+func validMetadataKey(k string) bool {
+	if k == "" || strings.HasPrefix(k, "grpc-") || strings.HasSuffix(k, "-bin") {
+		return false
+	}
+	for _, r := range k {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
 }

@@ -20,6 +20,9 @@ type backoffState struct {
 	method string
 	lim    *limits        // the target's budgets; nil when none is on
 	meter  *meterSnapshot // nil when metrics are off
+	// unsafe is true when only attempts that never reached the server may
+	// be repeated (WithIdempotentOnly, and the method is not idempotent).
+	unsafe bool
 }
 
 // decision is what follows a failed attempt: a wait and another attempt,
@@ -34,15 +37,19 @@ type decision struct {
 
 // decide says what follows attempt number attempt, which failed with err.
 // timedOut reports that the attempt ran out of its PerAttemptTimeout; trailer
-// is the attempt's trailer (nil when not caught). Unary calls and streams
-// share it, so both retry by exactly the same rules.
-func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState, attempt, maxAttempts int, err error, timedOut bool, trailer metadata.MD) decision {
+// is the attempt's trailer (nil when not caught); reached is false when the
+// attempt provably never reached the server. Unary calls and streams share
+// it, so both retry by exactly the same rules.
+func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState, attempt, maxAttempts int, err error, timedOut bool, trailer metadata.MD, reached bool) decision {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return decision{outcome: contextOutcome(ctxErr), err: err}
 	}
 	code := status.Code(err)
 	if !p.retryableCode(code) && !(timedOut && code == codes.DeadlineExceeded) {
 		return decision{outcome: OutcomeNotRetryable, err: err}
+	}
+	if bs.unsafe && reached {
+		return decision{outcome: OutcomeNotIdempotent, err: err}
 	}
 	throttled := false
 	if bs.lim != nil && bs.lim.throttle != nil {

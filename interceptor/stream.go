@@ -154,6 +154,8 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		}
 	}
 	s.bs.method, s.bs.lim, s.bs.meter = method, ic.limitsFor(cc.Target()), ic.metering.get()
+	s.bs.unsafe = ic.idempotentOnly && !ic.safeToRetry(method)
+	s.ctx = ic.withIdempotencyKey(s.ctx)
 	s.bs.started()
 	s.mu.Lock()
 	err = s.retryLocked(nil)
@@ -181,7 +183,8 @@ func (s *retryStream) retryLocked(err error) error {
 				trailer = a.cs.Trailer()
 			}
 			s.endAttempt(a, err)
-			d := s.ic.decide(s.ctx, s.p, &s.bs, a.n, s.maxAttempts, err, timedOut, trailer)
+			// an attempt that failed to open never reached the server
+			d := s.ic.decide(s.ctx, s.p, &s.bs, a.n, s.maxAttempts, err, timedOut, trailer, a.cs != nil)
 			if !d.retry {
 				s.outcome = d.outcome
 				return d.err

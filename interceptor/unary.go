@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard"
@@ -33,7 +34,8 @@ func (ic *Interceptor) Unary() grpc.UnaryClientInterceptor { return ic.unary }
 type attemptBuffer struct {
 	opts    []grpc.CallOption
 	trailer metadata.MD
-	timer   timer // made on the first wait, then reset
+	peer    peer.Peer // set when the attempt reached a server (WithIdempotentOnly)
+	timer   timer     // made on the first wait, then reset
 }
 
 // unaryCall is one logical unary call: fixed for the call, plus what its
@@ -50,6 +52,7 @@ type unaryCall struct {
 	buf     *attemptBuffer
 	lim     *limits
 	meter   *meterSnapshot
+	unsafe  bool
 
 	attempts int
 	outcome  Outcome
@@ -78,10 +81,16 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
 	}
+	ctx = ic.withIdempotencyKey(ctx)
+	unsafe := ic.idempotentOnly && !ic.safeToRetry(method)
 	buf := ic.buffers.Get().(*attemptBuffer)
-	buf.opts = append(append(buf.opts[:0], opts...), grpc.Trailer(&buf.trailer))
+	buf.opts = append(buf.opts[:0], opts...)
+	if unsafe {
+		buf.opts = append(buf.opts, grpc.Peer(&buf.peer))
+	}
+	buf.opts = append(buf.opts, grpc.Trailer(&buf.trailer)) // last: see attempt
 	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf,
-		lim: ic.limitsFor(cc.Target()), meter: ic.metering.get()}
+		lim: ic.limitsFor(cc.Target()), meter: ic.metering.get(), unsafe: unsafe}
 	maxAttempts := p.p.MaxAttempts
 	if noRetry {
 		maxAttempts = 1
@@ -118,7 +127,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	}
 
 	clear(buf.opts)
-	buf.opts, buf.trailer = buf.opts[:0], nil
+	buf.opts, buf.trailer, buf.peer = buf.opts[:0], nil, peer.Peer{}
 	ic.buffers.Put(buf)
 	if span != nil {
 		st := status.Convert(err)
@@ -146,7 +155,7 @@ func verdict(ctx context.Context, err error) herdguard.Verdict {
 // call's error. It sets c.attempts and c.outcome.
 func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	var (
-		bs       = backoffState{timer: c.buf.timer, method: c.method, lim: c.lim, meter: c.meter}
+		bs       = backoffState{timer: c.buf.timer, method: c.method, lim: c.lim, meter: c.meter, unsafe: c.unsafe}
 		retryCtx context.Context
 		retryMD  metadata.MD
 	)
@@ -176,7 +185,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 			bs.succeeded()
 			return nil
 		}
-		d := c.ic.decide(ctx, c.p, &bs, attempt, maxAttempts, err, perAttemptTimeout, c.buf.trailer)
+		d := c.ic.decide(ctx, c.p, &bs, attempt, maxAttempts, err, perAttemptTimeout, c.buf.trailer, c.buf.peer.Addr != nil)
 		if !d.retry {
 			c.outcome = d.outcome
 			return d.err
@@ -206,7 +215,7 @@ func (c *unaryCall) attempt(ctx context.Context, n int, mayRetry bool) (perAttem
 	if c.tracer != nil {
 		ctx, span = startAttempt(ctx, c.tracer, n)
 	}
-	c.buf.trailer = nil
+	c.buf.trailer, c.buf.peer = nil, peer.Peer{}
 	opts := c.buf.opts
 	if !mayRetry {
 		opts = opts[:len(opts)-1] // the trailer catcher is last
