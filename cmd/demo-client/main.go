@@ -44,7 +44,7 @@ func main() {
 	flag.StringVar(&o.addr, "addr", "", "the demo server, host:port on loopback (required)")
 	flag.BoolVar(&o.compare, "compare", false, "run every strategy, one after another, and print one table")
 	flag.StringVar(&o.strategy, "strategy", "herdguard defaults", "the strategy to run without -compare: "+strategyNames())
-	flag.StringVar(&o.scenario, "scenario", "", `"published", "overload" or "all" (default: all with -compare, else published)`)
+	flag.StringVar(&o.scenario, "scenario", "", `"published", "overload", "lost-replies" or "all" (default: all with -compare, else published)`)
 	flag.IntVar(&o.calls, "calls", 1000, "calls fired at the same instant")
 	flag.IntVar(&o.attempts, "attempts", 5, "attempts per call, the first included")
 	flag.DurationVar(&o.base, "base", time.Second, "the first wait, at full scale")
@@ -65,7 +65,7 @@ func main() {
 
 func strategyNames() string {
 	var names []string
-	for _, s := range stormlab.Strategies(stormlab.Published()) {
+	for _, s := range append(stormlab.StrategiesFor(stormlab.Overload()), stormlab.StrategiesFor(stormlab.LostReplies())...) {
 		names = append(names, fmt.Sprintf("%q", s.Name))
 	}
 	return strings.Join(names, ", ")
@@ -208,15 +208,17 @@ func pickScenarios(o options) ([]plannedScenario, error) {
 		scs = []stormlab.Scenario{stormlab.Published()}
 	case "overload":
 		scs = []stormlab.Scenario{stormlab.Overload()}
+	case "lost-replies":
+		scs = []stormlab.Scenario{stormlab.LostReplies()}
 	case "all":
-		scs = []stormlab.Scenario{stormlab.Published(), stormlab.Overload()}
+		scs = []stormlab.Scenario{stormlab.Published(), stormlab.Overload(), stormlab.LostReplies()}
 	default:
-		return nil, fmt.Errorf(`-scenario %q: want "published", "overload" or "all"`, which)
+		return nil, fmt.Errorf(`-scenario %q: want "published", "overload", "lost-replies" or "all"`, which)
 	}
 	var out []plannedScenario
 	for _, sc := range scs {
 		sc.Calls, sc.Attempts, sc.Base = o.calls, o.attempts, o.base
-		all := stormlab.Strategies(sc)
+		all := stormlab.StrategiesFor(sc)
 		if o.compare {
 			out = append(out, plannedScenario{sc, all})
 			continue
@@ -227,10 +229,12 @@ func pickScenarios(o options) ([]plannedScenario, error) {
 				picked = append(picked, st)
 			}
 		}
-		if len(picked) == 0 {
-			return nil, fmt.Errorf("-strategy %q: want one of %s", o.strategy, strategyNames())
+		if len(picked) > 0 {
+			out = append(out, plannedScenario{sc, picked})
 		}
-		out = append(out, plannedScenario{sc, picked})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("-strategy %q with -scenario %q: want one of %s", o.strategy, which, strategyNames())
 	}
 	return out, nil
 }

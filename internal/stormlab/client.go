@@ -41,7 +41,7 @@ func Published() Scenario {
 }
 
 // Overload is the load-dependent outage the published experiments lacked:
-// the server takes at most 150 attempts per 100 ms window; more overload it,
+// the server takes at most 80 attempts per 100 ms window; more overload it,
 // and it fails everything until arrivals have stayed within capacity for
 // 2 s. Every window over capacity restarts that count, so the harder it is
 // hit the longer it stays down, and retries that arrive together keep it
@@ -50,7 +50,7 @@ func Overload() Scenario {
 	return Scenario{
 		Name: "load-dependent overload", Calls: 1000, Attempts: 5,
 		Base: time.Second, Cap: time.Minute,
-		Faults: Faults{Capacity: 150, CapacityWindow: DefaultWindow, RecoverAfter: 2 * time.Second, Seed: 1, Window: DefaultWindow},
+		Faults: Faults{Capacity: 80, CapacityWindow: DefaultWindow, RecoverAfter: 2 * time.Second, Seed: 1, Window: DefaultWindow},
 	}
 }
 
@@ -59,6 +59,10 @@ type Strategy struct {
 	Name    string
 	Policy  policy.Policy
 	Breaker *breaker.Settings // nil: no breaker
+	Budget  *policy.Budget    // nil: no retry budget
+	// IdempotencyKey gives every call a key (WithIdempotencyKey) the server
+	// dedupes charges by.
+	IdempotencyKey bool
 }
 
 // Strategies returns the strategies compared in a scenario, in order: retry
@@ -78,6 +82,48 @@ func Strategies(sc Scenario) []Strategy {
 		{Name: "exponential + equal jitter", Policy: exp(policy.EqualJitter)},
 		{Name: "exponential + decorrelated", Policy: exp(policy.DecorrelatedJitter)},
 		{Name: "herdguard defaults", Policy: exp(policy.FullJitter), Breaker: &breaker.Settings{}},
+	}
+}
+
+// BudgetStrategy is herdguard's defaults with a retry budget (20 % of the
+// calls started plus 10 per second, over 10 s).
+func BudgetStrategy(sc Scenario) Strategy {
+	st := Strategies(sc)[len(Strategies(sc))-1]
+	st.Name, st.Budget = "herdguard + budget", &policy.Budget{}
+	return st
+}
+
+// StrategiesFor returns the strategies the demo compares in a scenario: all
+// of Strategies, plus the budget under the overload (a budget is sized for
+// steady traffic, so it is shown where retries amplify an outage), and the
+// idempotency pair for lost replies.
+func StrategiesFor(sc Scenario) []Strategy {
+	switch sc.Name {
+	case Overload().Name:
+		return append(Strategies(sc), BudgetStrategy(sc))
+	case LostReplies().Name:
+		return IdempotencyStrategies(sc)
+	}
+	return Strategies(sc)
+}
+
+// LostReplies is the idempotency experiment: every charge is applied, then
+// 20 % of replies are lost, so the caller retries a charge the server
+// already took. Without an idempotency key each such retry charges again.
+func LostReplies() Scenario {
+	return Scenario{
+		Name: "lost replies", Calls: 1000, Attempts: 5, Base: time.Second, Cap: time.Minute,
+		Faults: Faults{LostReplyRate: 0.2, Seed: 1, Window: DefaultWindow},
+	}
+}
+
+// IdempotencyStrategies are herdguard's defaults without and with an
+// idempotency key per call.
+func IdempotencyStrategies(sc Scenario) []Strategy {
+	p := policy.Policy{MaxAttempts: sc.Attempts, InitialBackoff: sc.Base, MaxBackoff: sc.Cap, Multiplier: 2, Jitter: policy.FullJitter}
+	return []Strategy{
+		{Name: "herdguard, no idempotency key", Policy: p, Breaker: &breaker.Settings{}},
+		{Name: "herdguard + idempotency key", Policy: p, Breaker: &breaker.Settings{}, IdempotencyKey: true},
 	}
 }
 
@@ -103,6 +149,12 @@ func (st Strategy) Scale(s float64) Strategy {
 		b.OpenTimeout, b.Window = scaleDur(b.OpenTimeout, s), scaleDur(b.Window, s)
 		st.Breaker = &b
 	}
+	if st.Budget != nil {
+		b := st.Budget.WithDefaults()
+		b.Window = max(scaleDur(b.Window, s), 10*time.Millisecond)
+		b.MinPerSecond *= s // the same reserve of retries per (shorter) window
+		st.Budget = &b
+	}
 	return st
 }
 
@@ -122,6 +174,12 @@ type Result struct {
 	Succeeded int // calls that succeeded
 	Failed    int // calls that failed, breaker refusals included
 	FastFails int // calls the breaker refused without sending
+	// BudgetRefusals counts calls whose retry the budget refused.
+	BudgetRefusals int
+	// AfterRecovery and AfterRecoveryOK count a second, smaller herd sent
+	// once an overloaded server had recovered (0 when none was sent), and
+	// how many of its calls succeeded.
+	AfterRecovery, AfterRecoveryOK int
 	// Outcomes counts the calls by how they ended: herdguard's outcome
 	// (ok, exhausted, breaker_open, ...) or, for an error herdguard passed
 	// on as it was, the status code.
@@ -158,6 +216,12 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float6
 	} else {
 		opts = append(opts, interceptor.WithoutBreaker())
 	}
+	if st.Budget != nil {
+		opts = append(opts, interceptor.WithRetryBudget(*st.Budget))
+	}
+	if st.IdempotencyKey {
+		opts = append(opts, interceptor.WithIdempotencyKey(IdempotencyKeyMetadata))
+	}
 	ic, err := interceptor.New(opts...)
 	if err != nil {
 		return res, fmt.Errorf("strategy %q: %w", st.Name, err)
@@ -186,43 +250,90 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float6
 	// A generous bound per call: no call of a scenario needs longer than all
 	// its waits at their cap.
 	callTimeout := time.Duration(sc.Attempts)*sc.Cap + 10*time.Second
-	var (
-		mu        sync.Mutex
-		wg        sync.WaitGroup
-		start     = make(chan struct{})
-		succeeded int
-		fastFails int
-		outcomes  = map[string]int{}
-	)
-	for i := range sc.Calls {
-		wg.Go(func() {
-			<-start
-			cctx, cancel := context.WithTimeout(ctx, callTimeout)
-			defer cancel()
-			_, err := client.Charge(cctx, &demov1.ChargeRequest{IdempotencyKey: fmt.Sprintf("call-%d", i), AmountCents: 100})
-			mu.Lock()
-			defer mu.Unlock()
-			outcomes[outcome(err)]++
-			switch {
-			case err == nil:
-				succeeded++
-			case errors.Is(err, breaker.ErrOpen):
-				fastFails++
-			}
-		})
-	}
 	began := time.Now()
-	close(start)
-	wg.Wait()
+	h := fireHerd(ctx, client, sc.Calls, callTimeout)
 	res.Elapsed = time.Since(began)
-	res.Succeeded, res.FastFails, res.Outcomes = succeeded, fastFails, outcomes
-	res.Failed = sc.Calls - succeeded
+	res.Succeeded, res.FastFails, res.Outcomes = h.ok, h.outcomes[string(interceptor.OutcomeBreakerOpen)], h.outcomes
+	res.BudgetRefusals = h.outcomes[string(interceptor.OutcomeBudgetExhausted)]
+	res.Failed = sc.Calls - h.ok
 
+	if sc.Faults.Capacity > 0 {
+		// Let an overloaded server recover before reading its counts, so
+		// that its recovery time is known for every strategy.
+		r.waitRecovered(ctx, ctl, sc.Faults.withDefaults().RecoverAfter*10)
+	}
 	res.Stats, err = ctl.GetStats(ctx, &demov1.GetStatsRequest{})
 	if err != nil {
 		return res, fmt.Errorf("read the server's counts: %w", err)
 	}
+	if sc.Faults.Capacity > 0 && !res.Stats.GetOverloaded() {
+		// Every call made once the server has recovered should get through.
+		// The client's breaker may still be open: wait until it lets a
+		// probe through, as a caller would retry later, then make the calls
+		// one after another.
+		if g := ic.Breakers(); g != nil {
+			g.Each(func(b *breaker.Breaker) {
+				for b.State() == breaker.Open && ctx.Err() == nil {
+					wait(ctx, 5*time.Millisecond)
+				}
+			})
+		}
+		res.AfterRecovery = max(sc.Faults.Capacity/2, 1)
+		for range res.AfterRecovery {
+			cctx, cancel := context.WithTimeout(ctx, callTimeout)
+			if _, err := client.Charge(cctx, &demov1.ChargeRequest{AmountCents: 100}); err == nil {
+				res.AfterRecoveryOK++
+			}
+			cancel()
+		}
+	}
 	return res, ctx.Err()
+}
+
+// herd is what the client counted of a herd of calls.
+type herd struct {
+	ok       int
+	outcomes map[string]int
+}
+
+// fireHerd starts n charges at the same instant and waits for all of them.
+func fireHerd(ctx context.Context, client demov1.GatewayServiceClient, n int, timeout time.Duration) herd {
+	var (
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+		h     = herd{outcomes: map[string]int{}}
+	)
+	for range n {
+		wg.Go(func() {
+			<-start
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			_, err := client.Charge(cctx, &demov1.ChargeRequest{AmountCents: 100})
+			mu.Lock()
+			defer mu.Unlock()
+			h.outcomes[outcome(err)]++
+			if err == nil {
+				h.ok++
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return h
+}
+
+// waitRecovered polls the server until it is no longer overloaded, for at
+// most limit.
+func (r *Runner) waitRecovered(ctx context.Context, ctl demov1.GatewayServiceClient, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		st, err := ctl.GetStats(ctx, &demov1.GetStatsRequest{})
+		if err != nil || !st.GetOverloaded() {
+			return
+		}
+		wait(ctx, 5*time.Millisecond)
+	}
 }
 
 // outcome names how a call ended, from its error.

@@ -25,7 +25,7 @@ func runStrategies(t *testing.T, sc Scenario, names ...string) map[string]Result
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	out := map[string]Result{}
-	for _, st := range Strategies(sc) {
+	for _, st := range StrategiesFor(sc) {
 		for _, n := range names {
 			if st.Name != n {
 				continue
@@ -77,9 +77,9 @@ func TestPublishedScenarioShapes(t *testing.T) {
 func TestOverloadScenarioShapes(t *testing.T) {
 	sc := Overload()
 	sc.Calls = 500
-	sc.Faults.Capacity = 75 // the same share of the herd as 150 of 1000
-	rs := runStrategies(t, sc, "exponential", "herdguard defaults")
-	exp, hg := rs["exponential"], rs["herdguard defaults"]
+	sc.Faults.Capacity = 40 // the same share of the herd as 80 of 1000
+	rs := runStrategies(t, sc, "exponential", "herdguard defaults", "herdguard + budget")
+	exp, hg, bud := rs["exponential"], rs["herdguard defaults"], rs["herdguard + budget"]
 	if hg.Succeeded < exp.Succeeded {
 		t.Errorf("herdguard got %d calls through, exponential %d: want at least as many", hg.Succeeded, exp.Succeeded)
 	}
@@ -91,6 +91,36 @@ func TestOverloadScenarioShapes(t *testing.T) {
 	}
 	if hg.Stats.OverloadedMs >= exp.Stats.OverloadedMs {
 		t.Errorf("server overloaded for %d ms under herdguard, %d under exponential: want sooner recovery", hg.Stats.OverloadedMs, exp.Stats.OverloadedMs)
+	}
+	// A budget caps retries across calls: a lower worst window, a sooner
+	// recovery, refusals counted, and every call after recovery gets through.
+	if bud.Stats.PeakRetries >= hg.Stats.PeakRetries {
+		t.Errorf("peak retries %d with a budget, %d without: want fewer", bud.Stats.PeakRetries, hg.Stats.PeakRetries)
+	}
+	if bud.Stats.OverloadedMs >= hg.Stats.OverloadedMs {
+		t.Errorf("server overloaded for %d ms with a budget, %d without: want sooner recovery", bud.Stats.OverloadedMs, hg.Stats.OverloadedMs)
+	}
+	if bud.BudgetRefusals == 0 || bud.BudgetRefusals != bud.Outcomes["budget_exhausted"] {
+		t.Errorf("budget refusals %d, outcomes %v: want them counted", bud.BudgetRefusals, bud.Outcomes)
+	}
+	for name, r := range rs {
+		if r.AfterRecovery == 0 || r.AfterRecoveryOK != r.AfterRecovery {
+			t.Errorf("%s: %d of %d calls after recovery got through, want all", name, r.AfterRecoveryOK, r.AfterRecovery)
+		}
+	}
+}
+
+func TestLostRepliesChargeOnceWithAKey(t *testing.T) {
+	sc := LostReplies()
+	sc.Calls = 300
+	rs := runStrategies(t, sc, "herdguard, no idempotency key", "herdguard + idempotency key")
+	without, with := rs["herdguard, no idempotency key"], rs["herdguard + idempotency key"]
+	if extra := without.Stats.ChargesApplied - int64(without.Calls); extra <= 0 {
+		t.Errorf("without a key %d charges for %d calls: the lost replies must show as double charges", without.Stats.ChargesApplied, without.Calls)
+	}
+	if with.Stats.ChargesApplied != int64(with.Calls) || with.Stats.DuplicatesRefused == 0 {
+		t.Errorf("with a key %d charges for %d calls, %d duplicates refused: want exactly one charge per call",
+			with.Stats.ChargesApplied, with.Calls, with.Stats.DuplicatesRefused)
 	}
 }
 

@@ -14,27 +14,54 @@ import (
 // counted it. It reports; it does not grade.
 func WriteTable(w io.Writer, results []Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "strategy\tcalls ok\tfailed\tbreaker fast-fails\tattempts sent\tuntil last success\tpeak retries / window\tpeak attempts / window\toverloaded for\tlast recovery at\t")
+	if len(results) > 0 && results[0].Stats.GetChargesApplied() > 0 && isChargeRun(results) {
+		return writeChargeTable(tw, results)
+	}
+	fmt.Fprintln(tw, "strategy\tcalls ok\tfailed\tbreaker fast-fails\tbudget refusals\tattempts sent\tuntil last success\tpeak retries / window\tpeak attempts / window\toverloaded for\tlast recovery at\tafter recovery ok\t")
 	for _, r := range results {
 		s := r.Stats
 		overloaded, recovered := "-", "-"
 		if s.GetOverloadedMs() > 0 {
 			overloaded, recovered = fmtMS(s.GetOverloadedMs()), "still down"
-			if s.GetRecoveredMs() >= 0 {
+			if !s.GetOverloaded() {
 				recovered = fmtMS(s.GetRecoveredMs())
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t\n",
-			r.Strategy, r.Succeeded, r.Failed, r.FastFails, s.GetAttempts(),
-			fmtMS(s.GetLastSuccessMs()), s.GetPeakRetries(), s.GetPeakAttempts(), overloaded, recovered)
+		after := "-"
+		if r.AfterRecovery > 0 {
+			after = fmt.Sprintf("%d/%d", r.AfterRecoveryOK, r.AfterRecovery)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t%s\t\n",
+			r.Strategy, r.Succeeded, r.Failed, r.FastFails, r.BudgetRefusals, s.GetAttempts(),
+			fmtMS(s.GetLastSuccessMs()), s.GetPeakRetries(), s.GetPeakAttempts(), overloaded, recovered, after)
+	}
+	return tw.Flush()
+}
+
+// isChargeRun reports whether results are of the lost-replies scenario,
+// where what matters is how often each charge was taken.
+func isChargeRun(results []Result) bool { return results[0].Scenario == LostReplies().Name }
+
+// writeChargeTable prints what the lost-replies scenario is about: charges
+// the server took against calls the client made.
+func writeChargeTable(tw *tabwriter.Writer, results []Result) error {
+	fmt.Fprintln(tw, "strategy\tcalls\tcalls ok\tattempts sent\tcharges applied\tduplicates refused\tcharged more than once\t")
+	for _, r := range results {
+		s := r.Stats
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t\n", r.Strategy, r.Calls, r.Succeeded, s.GetAttempts(),
+			s.GetChargesApplied(), s.GetDuplicatesRefused(), s.GetChargesApplied()-int64(r.Calls))
 	}
 	return tw.Flush()
 }
 
 // Legend says where each figure comes from.
-const Legend = `calls ok, failed, breaker fast-fails: counted by the client (a refused call never reaches the server).
-attempts sent, until last success, peaks, overload: counted by the server, by arrival time since its reset;
-"still down" means the server was still overloaded when the last call ended.`
+const Legend = `calls ok, failed, breaker fast-fails, budget refusals, after recovery: counted by the client
+(a refused call never reaches the server; "after recovery": calls made one after another once the server
+recovered and the client's breaker, if any, let calls through again).
+attempts sent, until last success, peaks, overload, charges: counted by the server, by arrival time since its reset,
+read once an overloaded server has recovered ("still down": it had not within 10 times its recovery period).
+charged more than once = charges applied - calls: every call's first attempt is charged, and each retry of a call
+whose reply was lost is charged again unless the server can recognise it by its idempotency key.`
 
 func fmtMS(ms int64) string { return fmt.Sprintf("%.1fs", float64(ms)/1000) }
 

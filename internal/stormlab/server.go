@@ -26,6 +26,10 @@ import (
 // DefaultWindow is the width of the counting windows at full scale.
 const DefaultWindow = 100 * time.Millisecond
 
+// IdempotencyKeyMetadata is the metadata key the gateway reads a charge's
+// idempotency key from, when the request carries none.
+const IdempotencyKeyMetadata = "idempotency-key"
+
 // Faults are the server's fault models; see demov1.Faults. The zero value
 // injects no faults and counts in DefaultWindow windows.
 type Faults struct {
@@ -289,13 +293,20 @@ func (s *Server) lostReply() bool {
 
 // Charge applies a charge once per idempotency key; a repeated key is
 // refused as a duplicate and answered with the first charge.
-func (s *Server) Charge(_ context.Context, req *demov1.ChargeRequest) (*demov1.ChargeResponse, error) {
+func (s *Server) Charge(ctx context.Context, req *demov1.ChargeRequest) (*demov1.ChargeResponse, error) {
 	if req.GetAmountCents() <= 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "amount_cents %d: must be positive", req.GetAmountCents())
 	}
+	key := req.GetIdempotencyKey()
+	if key == "" {
+		if md, ok := metadata.FromIncomingContext(ctx); ok {
+			if v := md.Get(IdempotencyKeyMetadata); len(v) > 0 {
+				key = v[0]
+			}
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key := req.GetIdempotencyKey()
 	if id, ok := s.charges[key]; ok && key != "" {
 		s.total.DuplicatesRefused++
 		return &demov1.ChargeResponse{ChargeId: id, Duplicate: true}, nil
@@ -306,6 +317,7 @@ func (s *Server) Charge(_ context.Context, req *demov1.ChargeRequest) (*demov1.C
 	}
 	s.order = append(s.order, id)
 	s.amounts[id] = req.GetAmountCents()
+	s.total.ChargesApplied++
 	return &demov1.ChargeResponse{ChargeId: id}, nil
 }
 
@@ -361,6 +373,8 @@ func (s *Server) GetStats(context.Context, *demov1.GetStatsRequest) (*demov1.Get
 		Succeeded:         s.total.Succeeded,
 		Failed:            s.total.Failed,
 		DuplicatesRefused: s.total.DuplicatesRefused,
+		ChargesApplied:    s.total.ChargesApplied,
+		Overloaded:        s.overload.overloaded,
 		LastSuccessMs:     s.lastOK.Milliseconds(),
 		RecoveredMs:       s.overload.recoveredAt.Milliseconds(),
 		OverloadedMs:      s.overload.spent.Milliseconds(),

@@ -24,7 +24,9 @@ const (
 type ChargeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// idempotency_key names the logical charge: every attempt of one charge
-	// carries the same key, so the server applies it once.
+	// carries the same key, so the server applies it once. The server also
+	// reads the key from the "idempotency-key" metadata, which herdguard's
+	// WithIdempotencyKey sets; this field wins when both are set.
 	IdempotencyKey string `protobuf:"bytes,1,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	AmountCents    int64  `protobuf:"varint,2,opt,name=amount_cents,json=amountCents,proto3" json:"amount_cents,omitempty"`
 	unknownFields  protoimpl.UnknownFields
@@ -443,9 +445,14 @@ type GetStatsResponse struct {
 	// reset; -1 when it is still overloaded or never was.
 	RecoveredMs int64 `protobuf:"varint,12,opt,name=recovered_ms,json=recoveredMs,proto3" json:"recovered_ms,omitempty"`
 	// overloaded_ms is how long the overload model spent overloaded.
-	OverloadedMs  int64 `protobuf:"varint,13,opt,name=overloaded_ms,json=overloadedMs,proto3" json:"overloaded_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OverloadedMs int64 `protobuf:"varint,13,opt,name=overloaded_ms,json=overloadedMs,proto3" json:"overloaded_ms,omitempty"`
+	// overloaded is true while the overload model is overloaded now.
+	Overloaded bool `protobuf:"varint,14,opt,name=overloaded,proto3" json:"overloaded,omitempty"`
+	// charges_applied counts charges taken, each key once; a charge without
+	// a key is taken every time it arrives.
+	ChargesApplied int64 `protobuf:"varint,15,opt,name=charges_applied,json=chargesApplied,proto3" json:"charges_applied,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GetStatsResponse) Reset() {
@@ -565,6 +572,20 @@ func (x *GetStatsResponse) GetRecoveredMs() int64 {
 func (x *GetStatsResponse) GetOverloadedMs() int64 {
 	if x != nil {
 		return x.OverloadedMs
+	}
+	return 0
+}
+
+func (x *GetStatsResponse) GetOverloaded() bool {
+	if x != nil {
+		return x.Overloaded
+	}
+	return false
+}
+
+func (x *GetStatsResponse) GetChargesApplied() int64 {
+	if x != nil {
+		return x.ChargesApplied
 	}
 	return 0
 }
@@ -786,7 +807,7 @@ const file_herdguard_demo_v1_gateway_proto_rawDesc = "" +
 	"\x06Window\x12%\n" +
 	"\x0efirst_attempts\x18\x01 \x01(\x03R\rfirstAttempts\x12\x18\n" +
 	"\aretries\x18\x02 \x01(\x03R\aretries\x12\x16\n" +
-	"\x06failed\x18\x03 \x01(\x03R\x06failed\"\xde\x03\n" +
+	"\x06failed\x18\x03 \x01(\x03R\x06failed\"\xa7\x04\n" +
 	"\x10GetStatsResponse\x12\x1b\n" +
 	"\twindow_ms\x18\x01 \x01(\x03R\bwindowMs\x123\n" +
 	"\awindows\x18\x02 \x03(\v2\x19.herdguard.demo.v1.WindowR\awindows\x12\x1a\n" +
@@ -801,7 +822,11 @@ const file_herdguard_demo_v1_gateway_proto_rawDesc = "" +
 	" \x01(\x03R\x11duplicatesRefused\x12&\n" +
 	"\x0flast_success_ms\x18\v \x01(\x03R\rlastSuccessMs\x12!\n" +
 	"\frecovered_ms\x18\f \x01(\x03R\vrecoveredMs\x12#\n" +
-	"\roverloaded_ms\x18\r \x01(\x03R\foverloadedMs\"F\n" +
+	"\roverloaded_ms\x18\r \x01(\x03R\foverloadedMs\x12\x1e\n" +
+	"\n" +
+	"overloaded\x18\x0e \x01(\bR\n" +
+	"overloaded\x12'\n" +
+	"\x0fcharges_applied\x18\x0f \x01(\x03R\x0echargesApplied\"F\n" +
 	"\x11ResetStatsRequest\x121\n" +
 	"\x06faults\x18\x01 \x01(\v2\x19.herdguard.demo.v1.FaultsR\x06faults\"\x8f\x02\n" +
 	"\x06Faults\x12\x1b\n" +
