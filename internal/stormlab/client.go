@@ -43,14 +43,14 @@ func Published() Scenario {
 // Overload is the load-dependent outage the published experiments lacked:
 // the server takes at most 80 attempts per 100 ms window; more overload it,
 // and it fails everything until arrivals have stayed within capacity for
-// 2 s. Every window over capacity restarts that count, so the harder it is
+// 1 s. Every window over capacity restarts that count, so the harder it is
 // hit the longer it stays down, and retries that arrive together keep it
 // down.
 func Overload() Scenario {
 	return Scenario{
 		Name: "load-dependent overload", Calls: 1000, Attempts: 5,
 		Base: time.Second, Cap: time.Minute,
-		Faults: Faults{Capacity: 80, CapacityWindow: DefaultWindow, RecoverAfter: 2 * time.Second, Seed: 1, Window: DefaultWindow},
+		Faults: Faults{Capacity: 80, CapacityWindow: DefaultWindow, RecoverAfter: time.Second, Seed: 1, Window: DefaultWindow},
 	}
 }
 
