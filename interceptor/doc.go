@@ -74,6 +74,22 @@
 // SendMsg; herdguard keeps gRPC's own encoding of each message, so a replay
 // sends the bytes the first attempt sent.
 //
+// # Budgets, service configs, idempotency
+//
+// [WithRetryThrottling] and [WithRetryBudget] cap retries across all calls
+// per target; a refused retry ends the call with outcome budget_exhausted.
+// [WithServiceConfig] takes policies from gRPC service config JSON.
+// [WithIdempotentOnly] retries methods not marked idempotent only when the
+// request never reached a server; [WithIdempotencyKey] gives each call a key
+// servers can dedupe by.
+//
+// # Metrics
+//
+// With [WithMeterProvider] (default: the global provider): [MetricAttempts],
+// [MetricRetryDelay], [MetricCalls], [MetricBreakerState],
+// [MetricBreakerTransitions] and [MetricBudgetRefusals]; see the README for
+// their attributes. A no-op provider costs nothing.
+//
 // # Order
 //
 // [Interceptor.DialOptions] chains the interceptors: those installed before
