@@ -202,14 +202,6 @@ type Runner struct {
 // at full scale; every duration of both is divided by scale.
 func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float64) (Result, error) {
 	sc, st = sc.Scale(scale), st.Scale(scale)
-	res := Result{Scenario: sc.Name, Strategy: st.Name, Calls: sc.Calls}
-	control, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return res, err
-	}
-	defer control.Close()
-	ctl := demov1.NewGatewayServiceClient(control)
-
 	opts := []interceptor.Option{interceptor.WithPolicy(st.Policy), interceptor.WithTracerProvider(r.TracerProvider)}
 	if st.Breaker != nil {
 		opts = append(opts, interceptor.WithBreaker(*st.Breaker))
@@ -224,9 +216,26 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float6
 	}
 	ic, err := interceptor.New(opts...)
 	if err != nil {
-		return res, fmt.Errorf("strategy %q: %w", st.Name, err)
+		return Result{Scenario: sc.Name, Strategy: st.Name, Calls: sc.Calls}, fmt.Errorf("strategy %q: %w", st.Name, err)
 	}
-	cc, err := grpc.NewClient(r.Addr, append(ic.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	return r.RunClient(ctx, sc, st.Name, ic.DialOptions(), ic.Breakers())
+}
+
+// RunClient is Run for any client: it fires the scenario (already scaled)
+// through a connection made with dial, for instance another retry library's
+// interceptor, and reports as Run does. breakers, if not nil, are the
+// client's herdguard breakers, waited for before the calls made after
+// recovery.
+func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial []grpc.DialOption, breakers *breaker.Group) (Result, error) {
+	res := Result{Scenario: sc.Name, Strategy: name, Calls: sc.Calls}
+	control, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return res, err
+	}
+	defer control.Close()
+	ctl := demov1.NewGatewayServiceClient(control)
+
+	cc, err := grpc.NewClient(r.Addr, append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return res, err
 	}
@@ -235,8 +244,8 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float6
 	cc.Connect()
 
 	if r.OnProgress != nil {
-		r.OnProgress(sc.Name, st.Name, false)
-		defer r.OnProgress(sc.Name, st.Name, true)
+		r.OnProgress(sc.Name, name, false)
+		defer r.OnProgress(sc.Name, name, true)
 	}
 	if _, err := ctl.ResetStats(ctx, &demov1.ResetStatsRequest{Faults: sc.Faults.Proto()}); err != nil {
 		return res, fmt.Errorf("reset the server: %w", err)
@@ -271,7 +280,7 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float6
 		// The client's breaker may still be open: wait until it lets a
 		// probe through, as a caller would retry later, then make the calls
 		// one after another.
-		if g := ic.Breakers(); g != nil {
+		if g := breakers; g != nil {
 			g.Each(func(b *breaker.Breaker) {
 				for b.State() == breaker.Open && ctx.Err() == nil {
 					wait(ctx, 5*time.Millisecond)

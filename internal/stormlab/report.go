@@ -17,7 +17,7 @@ func WriteTable(w io.Writer, results []Result) error {
 	if len(results) > 0 && results[0].Stats.GetChargesApplied() > 0 && isChargeRun(results) {
 		return writeChargeTable(tw, results)
 	}
-	fmt.Fprintln(tw, "strategy\tcalls ok\tfailed\tbreaker fast-fails\tbudget refusals\tattempts sent\tuntil last success\tpeak retries / window\tpeak attempts / window\toverloaded for\tlast recovery at\tafter recovery ok\t")
+	fmt.Fprintln(tw, "strategy\tcalls ok\tfailed\tbreaker fast-fails\tbudget refusals\tattempts sent\tuntil last success\tpeak retries / window\t(any span)\tpeak attempts / window\toverloaded for\tlast recovery at\tafter recovery ok\t")
 	for _, r := range results {
 		s := r.Stats
 		overloaded, recovered := "-", "-"
@@ -31,9 +31,9 @@ func WriteTable(w io.Writer, results []Result) error {
 		if r.AfterRecovery > 0 {
 			after = fmt.Sprintf("%d/%d", r.AfterRecoveryOK, r.AfterRecovery)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t\n",
 			r.Strategy, r.Succeeded, r.Failed, r.FastFails, r.BudgetRefusals, s.GetAttempts(),
-			fmtMS(s.GetLastSuccessMs()), s.GetPeakRetries(), s.GetPeakAttempts(), overloaded, recovered, after)
+			fmtMS(s.GetLastSuccessMs()), s.GetPeakRetries(), s.GetPeakRetriesSliding(), s.GetPeakAttempts(), overloaded, recovered, after)
 	}
 	return tw.Flush()
 }
@@ -58,6 +58,8 @@ func writeChargeTable(tw *tabwriter.Writer, results []Result) error {
 const Legend = `calls ok, failed, breaker fast-fails, budget refusals, after recovery: counted by the client
 (a refused call never reaches the server; "after recovery": calls made one after another once the server
 recovered and the client's breaker, if any, let calls through again).
+peak retries / window: the most retries in one window of the series since the reset, as the published figures count;
+(any span): the most in any span one window long, wherever it starts, so a wave straddling two windows counts whole.
 attempts sent, until last success, peaks, overload, charges: counted by the server, by arrival time since its reset,
 read once an overloaded server has recovered ("still down": it had not within 10 times its recovery period).
 charged more than once = charges applied - calls: every call's first attempt is charged, and each retry of a call

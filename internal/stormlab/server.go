@@ -104,6 +104,7 @@ type Server struct {
 	rnd      *rand.Rand
 	start    time.Time
 	windows  []*demov1.Window
+	tenths   []tenth                 // the same arrivals in tenths of a window
 	total    demov1.GetStatsResponse // counters only
 	lastOK   time.Duration
 	charges  map[string]string // idempotency key -> charge id
@@ -111,6 +112,9 @@ type Server struct {
 	amounts  map[string]int64
 	overload overload
 }
+
+// tenth counts the arrivals of a tenth of a window.
+type tenth struct{ attempts, retries int64 }
 
 // overload is the load-dependent fault model's state.
 type overload struct {
@@ -140,7 +144,7 @@ func (s *Server) reset(f Faults) {
 	s.faults = f.withDefaults()
 	s.rnd = rand.New(rand.NewPCG(uint64(f.Seed), uint64(f.Seed)^0x9e3779b97f4a7c15))
 	s.start = s.now()
-	s.windows = nil
+	s.windows, s.tenths = nil, nil
 	s.total = demov1.GetStatsResponse{}
 	s.lastOK = 0
 	s.charges, s.order, s.amounts = map[string]string{}, nil, map[string]int64{}
@@ -189,18 +193,13 @@ func (s *Server) streamFaults(srv any, ss grpc.ServerStream, _ *grpc.StreamServe
 // arrive counts an attempt in its window and decides whether the faults
 // fail it; a failure is counted here.
 func (s *Server) arrive(ctx context.Context) (*demov1.Window, error) {
-	retry := false
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get(interceptor.AttemptMetadataKey); len(v) > 0 {
-			n, _ := strconv.Atoi(v[0])
-			retry = n > 1
-		}
-	}
+	retry := isRetry(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	since := now.Sub(s.start)
 	w := s.windowLocked(since)
+	s.tenthLocked(since, retry)
 	s.total.Attempts++
 	if retry {
 		w.Retries++
@@ -225,6 +224,24 @@ func (s *Server) arrive(ctx context.Context) (*demov1.Window, error) {
 	return w, err
 }
 
+// isRetry tells a retry from a first attempt by the metadata each client
+// sends: herdguard's attempt number (2, 3, ...), gRPC's own retry's count of
+// previous attempts (1, 2, ...), or go-grpc-middleware's retry number.
+func isRetry(ctx context.Context) bool {
+	md, ok := metadata.FromIncomingContext(ctx)
+	if !ok {
+		return false
+	}
+	for key, first := range map[string]int{interceptor.AttemptMetadataKey: 2, "grpc-previous-rpc-attempts": 1, "x-retry-attempt": 1} {
+		if v := md.Get(key); len(v) > 0 {
+			if n, err := strconv.Atoi(v[0]); err == nil && n >= first {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // finish counts how an attempt that passed the faults ended.
 func (s *Server) finish(w *demov1.Window, err error) {
 	s.mu.Lock()
@@ -236,6 +253,31 @@ func (s *Server) finish(w *demov1.Window, err error) {
 	}
 	s.total.Succeeded++
 	s.lastOK = s.now().Sub(s.start)
+}
+
+func (s *Server) tenthLocked(since time.Duration, retry bool) {
+	i := int(since * 10 / s.faults.Window)
+	for len(s.tenths) <= i {
+		s.tenths = append(s.tenths, tenth{})
+	}
+	s.tenths[i].attempts++
+	if retry {
+		s.tenths[i].retries++
+	}
+}
+
+// slidingPeaksLocked returns the most attempts and retries in any ten
+// consecutive tenths of a window.
+func (s *Server) slidingPeaksLocked() (attempts, retries int64) {
+	var a, r int64
+	for i, t := range s.tenths {
+		a, r = a+t.attempts, r+t.retries
+		if i >= 10 {
+			a, r = a-s.tenths[i-10].attempts, r-s.tenths[i-10].retries
+		}
+		attempts, retries = max(attempts, a), max(retries, r)
+	}
+	return attempts, retries
 }
 
 func (s *Server) windowLocked(since time.Duration) *demov1.Window {
@@ -382,6 +424,7 @@ func (s *Server) GetStats(context.Context, *demov1.GetStatsRequest) (*demov1.Get
 	if s.overload.overloaded {
 		resp.OverloadedMs += now.Sub(s.overload.since).Milliseconds()
 	}
+	resp.PeakAttemptsSliding, resp.PeakRetriesSliding = s.slidingPeaksLocked()
 	if s.overload.recoveredAt < 0 {
 		resp.RecoveredMs = -1
 	}

@@ -72,6 +72,47 @@ func TestServerCountsByWindow(t *testing.T) {
 	}
 }
 
+func TestServerTellsRetriesOfEveryClient(t *testing.T) {
+	for _, tt := range []struct {
+		md    metadata.MD
+		retry bool
+	}{
+		{nil, false},
+		{metadata.Pairs(interceptor.AttemptMetadataKey, "2"), true},
+		{metadata.Pairs(interceptor.AttemptMetadataKey, "1"), false},
+		{metadata.Pairs("grpc-previous-rpc-attempts", "1"), true},
+		{metadata.Pairs("grpc-previous-rpc-attempts", "0"), false},
+		{metadata.Pairs("x-retry-attempt", "1"), true},
+		{metadata.Pairs("x-retry-attempt", "soon"), false},
+	} {
+		if got := isRetry(metadata.NewIncomingContext(context.Background(), tt.md)); got != tt.retry {
+			t.Errorf("isRetry(%v) = %v, want %v", tt.md, got, tt.retry)
+		}
+	}
+}
+
+func TestServerSlidingPeakCountsAStraddlingWave(t *testing.T) {
+	s, clk := newTestServer(t, Faults{Window: 100 * time.Millisecond})
+	clk.add(70 * time.Millisecond)
+	for range 3 {
+		s.arrive(retryCtx("2")) // at 70 ms: window 0
+	}
+	clk.add(60 * time.Millisecond)
+	for range 4 {
+		s.arrive(retryCtx("2")) // at 130 ms: window 1
+	}
+	st, _ := s.GetStats(context.Background(), nil)
+	if st.PeakRetries != 4 || st.PeakRetriesSliding != 7 || st.PeakAttemptsSliding != 7 {
+		t.Errorf("peaks: per window %d, any span %d/%d; want 4 and 7/7", st.PeakRetries, st.PeakRetriesSliding, st.PeakAttemptsSliding)
+	}
+	clk.add(100 * time.Millisecond)
+	s.arrive(context.Background())
+	st, _ = s.GetStats(context.Background(), nil)
+	if st.PeakRetriesSliding != 7 || st.PeakAttemptsSliding != 7 {
+		t.Errorf("a later arrival changed the peaks to %d/%d", st.PeakRetriesSliding, st.PeakAttemptsSliding)
+	}
+}
+
 func TestServerOutageAndFailRate(t *testing.T) {
 	s, clk := newTestServer(t, Faults{Outage: time.Second})
 	if _, err := s.arrive(context.Background()); status.Code(err) != codes.Unavailable {

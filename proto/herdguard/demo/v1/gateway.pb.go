@@ -433,9 +433,10 @@ type GetStatsResponse struct {
 	Retries       int64     `protobuf:"varint,5,opt,name=retries,proto3" json:"retries,omitempty"`
 	Succeeded     int64     `protobuf:"varint,6,opt,name=succeeded,proto3" json:"succeeded,omitempty"`
 	Failed        int64     `protobuf:"varint,7,opt,name=failed,proto3" json:"failed,omitempty"`
-	// peak_retries is the most retries in one window.
+	// peak_retries is the most retries in one window of the series.
 	PeakRetries int64 `protobuf:"varint,8,opt,name=peak_retries,json=peakRetries,proto3" json:"peak_retries,omitempty"`
-	// peak_attempts is the most attempts of any kind in one window.
+	// peak_attempts is the most attempts of any kind in one window of the
+	// series.
 	PeakAttempts int64 `protobuf:"varint,9,opt,name=peak_attempts,json=peakAttempts,proto3" json:"peak_attempts,omitempty"`
 	// duplicates_refused counts charges whose key was already charged.
 	DuplicatesRefused int64 `protobuf:"varint,10,opt,name=duplicates_refused,json=duplicatesRefused,proto3" json:"duplicates_refused,omitempty"`
@@ -451,8 +452,14 @@ type GetStatsResponse struct {
 	// charges_applied counts charges taken, each key once; a charge without
 	// a key is taken every time it arrives.
 	ChargesApplied int64 `protobuf:"varint,15,opt,name=charges_applied,json=chargesApplied,proto3" json:"charges_applied,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// peak_retries_sliding is the most retries in any span one window long,
+	// wherever it starts (counted in tenths of a window): a wave of retries
+	// that straddles two windows of the series still counts whole.
+	PeakRetriesSliding int64 `protobuf:"varint,16,opt,name=peak_retries_sliding,json=peakRetriesSliding,proto3" json:"peak_retries_sliding,omitempty"`
+	// peak_attempts_sliding is the same for attempts of any kind.
+	PeakAttemptsSliding int64 `protobuf:"varint,17,opt,name=peak_attempts_sliding,json=peakAttemptsSliding,proto3" json:"peak_attempts_sliding,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *GetStatsResponse) Reset() {
@@ -586,6 +593,20 @@ func (x *GetStatsResponse) GetOverloaded() bool {
 func (x *GetStatsResponse) GetChargesApplied() int64 {
 	if x != nil {
 		return x.ChargesApplied
+	}
+	return 0
+}
+
+func (x *GetStatsResponse) GetPeakRetriesSliding() int64 {
+	if x != nil {
+		return x.PeakRetriesSliding
+	}
+	return 0
+}
+
+func (x *GetStatsResponse) GetPeakAttemptsSliding() int64 {
+	if x != nil {
+		return x.PeakAttemptsSliding
 	}
 	return 0
 }
@@ -807,7 +828,7 @@ const file_herdguard_demo_v1_gateway_proto_rawDesc = "" +
 	"\x06Window\x12%\n" +
 	"\x0efirst_attempts\x18\x01 \x01(\x03R\rfirstAttempts\x12\x18\n" +
 	"\aretries\x18\x02 \x01(\x03R\aretries\x12\x16\n" +
-	"\x06failed\x18\x03 \x01(\x03R\x06failed\"\xa7\x04\n" +
+	"\x06failed\x18\x03 \x01(\x03R\x06failed\"\x8d\x05\n" +
 	"\x10GetStatsResponse\x12\x1b\n" +
 	"\twindow_ms\x18\x01 \x01(\x03R\bwindowMs\x123\n" +
 	"\awindows\x18\x02 \x03(\v2\x19.herdguard.demo.v1.WindowR\awindows\x12\x1a\n" +
@@ -826,7 +847,9 @@ const file_herdguard_demo_v1_gateway_proto_rawDesc = "" +
 	"\n" +
 	"overloaded\x18\x0e \x01(\bR\n" +
 	"overloaded\x12'\n" +
-	"\x0fcharges_applied\x18\x0f \x01(\x03R\x0echargesApplied\"F\n" +
+	"\x0fcharges_applied\x18\x0f \x01(\x03R\x0echargesApplied\x120\n" +
+	"\x14peak_retries_sliding\x18\x10 \x01(\x03R\x12peakRetriesSliding\x122\n" +
+	"\x15peak_attempts_sliding\x18\x11 \x01(\x03R\x13peakAttemptsSliding\"F\n" +
 	"\x11ResetStatsRequest\x121\n" +
 	"\x06faults\x18\x01 \x01(\v2\x19.herdguard.demo.v1.FaultsR\x06faults\"\x8f\x02\n" +
 	"\x06Faults\x12\x1b\n" +

@@ -1,0 +1,298 @@
+package bench
+
+import (
+	"context"
+	"io"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/internal/testserver"
+)
+
+// Sub-benchmarks are named peer=NAME, so `benchstat -col /peer` puts the
+// peers side by side.
+
+func nopInvoker(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error { return nil }
+
+// BenchmarkInterceptorAlone is each interceptor called with an invoker
+// that does nothing: the figure steady enough to compare on a shared
+// machine. gRPC's built-in retry is not an interceptor and is absent.
+func BenchmarkInterceptorAlone(b *testing.B) {
+	cc, err := grpc.NewClient(testserver.Target, grpc.WithTransportCredentials(insecureCreds()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Close()
+	for _, p := range peers {
+		if p.unary == nil {
+			continue
+		}
+		b.Run("peer="+p.name, func(b *testing.B) {
+			u := p.unary(b, 3, 100*time.Millisecond)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := u(ctx, testserver.MethodUnary, nil, nil, cc, nopInvoker); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkBreakerContention runs the interceptors that hold a breaker from
+// many goroutines at once.
+func BenchmarkBreakerContention(b *testing.B) {
+	cc, err := grpc.NewClient(testserver.Target, grpc.WithTransportCredentials(insecureCreds()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Close()
+	for _, p := range peers {
+		if p.name != "gobreaker" && p.name != "herdguard" && p.name != "failsafe" {
+			continue
+		}
+		b.Run("peer="+p.name, func(b *testing.B) {
+			u := p.unary(b, 3, 100*time.Millisecond)
+			b.ReportAllocs()
+			b.SetParallelism(32)
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					if err := u(ctx, testserver.MethodUnary, nil, nil, cc, nopInvoker); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+func okServer(tb testing.TB) *testserver.Server {
+	return testserver.Start(tb, &testserver.Server{NoRecord: true, Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+		return &testgrpc.SimpleResponse{}, nil
+	}})
+}
+
+// BenchmarkUnarySuccess is a whole call over bufconn, tracing off. Its time
+// varies between runs; compare allocations.
+func BenchmarkUnarySuccess(b *testing.B) {
+	srv := okServer(b)
+	req := &testgrpc.SimpleRequest{}
+	for _, p := range peers {
+		b.Run("peer="+p.name, func(b *testing.B) {
+			c := srv.Client(b, p.dial(b, 3, 100*time.Millisecond)...)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.UnaryCall(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkUnarySuccessParallel is the same call from many goroutines.
+func BenchmarkUnarySuccessParallel(b *testing.B) {
+	srv := okServer(b)
+	for _, p := range peers {
+		b.Run("peer="+p.name, func(b *testing.B) {
+			c := srv.Client(b, p.dial(b, 3, 100*time.Millisecond)...)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx, req := context.Background(), &testgrpc.SimpleRequest{}
+				for pb.Next() {
+					if _, err := c.UnaryCall(ctx, req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkUnaryTraced is a whole call with tracing to the SDK and an
+// in-memory exporter: herdguard's own spans against otelgrpc's stats
+// handler alone.
+func BenchmarkUnaryTraced(b *testing.B) {
+	srv := okServer(b)
+	req := &testgrpc.SimpleRequest{}
+	newTP := func() *sdktrace.TracerProvider {
+		return sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewInMemoryExporter()))
+	}
+	for _, tc := range []struct {
+		name string
+		dial func() []grpc.DialOption
+	}{
+		{"otelgrpc", func() []grpc.DialOption {
+			return []grpc.DialOption{grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(newTP())))}
+		}},
+		{"herdguard", func() []grpc.DialOption {
+			return herdguard(b, 3, 100*time.Millisecond, interceptor.WithTracerProvider(newTP())).DialOptions()
+		}},
+	} {
+		b.Run("peer="+tc.name, func(b *testing.B) {
+			c := srv.Client(b, tc.dial()...)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.UnaryCall(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkUnaryFailure3 is a call that needs 3 attempts (the first two
+// fail with Unavailable), with a 1 ns backoff so the figure is the retry
+// machinery's own cost. "hand-written" is the loop a user would write.
+func BenchmarkUnaryFailure3(b *testing.B) {
+	var n atomic.Int64
+	srv := testserver.Start(b, &testserver.Server{NoRecord: true, Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+		if n.Add(1)%3 != 0 {
+			return nil, status.Error(codes.Unavailable, "down")
+		}
+		return &testgrpc.SimpleResponse{}, nil
+	}})
+	all := append([]peer{{name: "hand-written", dial: func(testing.TB, int, time.Duration) []grpc.DialOption {
+		return []grpc.DialOption{grpc.WithChainUnaryInterceptor(handWritten)}
+	}}}, peers...)
+	req := &testgrpc.SimpleRequest{}
+	for _, p := range all {
+		if p.name == "none" || p.name == "gobreaker" {
+			continue // they do not retry
+		}
+		b.Run("peer="+p.name, func(b *testing.B) {
+			c := srv.Client(b, p.dial(b, 3, time.Nanosecond)...)
+			ctx := context.Background()
+			n.Store(0)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.UnaryCall(ctx, req); err != nil {
+					b.Fatalf("%s: %v", p.name, err)
+				}
+			}
+		})
+	}
+}
+
+// handWritten retries Unavailable up to 3 attempts with a 1 ns timer.
+func handWritten(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	for attempt := 1; ; attempt++ {
+		err := inv(ctx, method, req, reply, cc, opts...)
+		if err == nil || status.Code(err) != codes.Unavailable || attempt == 3 {
+			return err
+		}
+		t := time.NewTimer(time.Nanosecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+const streamMessages = 100
+
+// BenchmarkServerStream100 opens a stream and reads 100 messages; divide
+// by 100 for per-message figures. gRPC's built-in retry is the only peer
+// that retries streams.
+func BenchmarkServerStream100(b *testing.B) {
+	resp := &testgrpc.StreamingOutputCallResponse{Payload: &testgrpc.Payload{Body: []byte("0123456789")}}
+	srv := testserver.Start(b, &testserver.Server{NoRecord: true, ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+		for range streamMessages {
+			if err := ss.Send(resp); err != nil {
+				return err
+			}
+		}
+		return nil
+	}})
+	for _, p := range streamPeers() {
+		b.Run("peer="+p.name, func(b *testing.B) {
+			c := srv.Client(b, p.dial(b, 3, 100*time.Millisecond)...)
+			ctx, req := context.Background(), &testgrpc.StreamingOutputCallRequest{}
+			var m testgrpc.StreamingOutputCallResponse
+			b.ReportAllocs()
+			for b.Loop() {
+				s, err := c.StreamingOutputCall(ctx, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				got := 0
+				for ; ; got++ {
+					if err := s.RecvMsg(&m); err != nil {
+						if err != io.EOF {
+							b.Fatal(err)
+						}
+						break
+					}
+				}
+				if got != streamMessages {
+					b.Fatalf("got %d messages", got)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkClientStream100 sends 100 messages and reads the answer; every
+// message goes out before the stream commits, so retrying peers keep each.
+func BenchmarkClientStream100(b *testing.B) {
+	srv := testserver.Start(b, &testserver.Server{NoRecord: true, ClientStream: func(ss testgrpc.TestService_StreamingInputCallServer) error {
+		for {
+			if _, err := ss.Recv(); err != nil {
+				if err == io.EOF {
+					return ss.SendAndClose(&testgrpc.StreamingInputCallResponse{})
+				}
+				return err
+			}
+		}
+	}})
+	for _, p := range streamPeers() {
+		b.Run("peer="+p.name, func(b *testing.B) {
+			c := srv.Client(b, p.dial(b, 3, 100*time.Millisecond)...)
+			ctx := context.Background()
+			req := &testgrpc.StreamingInputCallRequest{Payload: &testgrpc.Payload{Body: []byte("0123456789")}}
+			b.ReportAllocs()
+			for b.Loop() {
+				s, err := c.StreamingInputCall(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for range streamMessages {
+					if err := s.Send(req); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if _, err := s.CloseAndRecv(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func streamPeers() []peer {
+	var out []peer
+	for _, p := range peers {
+		if p.name == "none" || p.name == "grpc-retry" || p.name == "herdguard" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,8 @@
+package bench
+
+import (
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+func insecureCreds() credentials.TransportCredentials { return insecure.NewCredentials() }
