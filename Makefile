@@ -32,6 +32,7 @@ help: ## Show the targets
 .PHONY: test
 test: ## Run all tests with the race detector
 	$(GO) test -race -count=1 -p 1 ./...
+	cd bench && $(GO) vet . && $(GO) test -count=1 .
 
 .PHONY: build
 build: ## Build the demo server and client into ./bin
