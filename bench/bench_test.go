@@ -22,7 +22,9 @@ import (
 // Sub-benchmarks are named peer=NAME, so `benchstat -col /peer` puts the
 // peers side by side.
 
-func nopInvoker(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error { return nil }
+func nopInvoker(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+	return nil
+}
 
 // BenchmarkInterceptorAlone is each interceptor called with an invoker
 // that does nothing: the figure steady enough to compare on a shared

@@ -90,6 +90,10 @@ var peers = []peer{
 	{name: "ggm-retry", dial: withUnary(ggmRetry), unary: ggmRetry},
 	{name: "failsafe", dial: withUnary(failsafe), unary: failsafe},
 	{name: "gobreaker", dial: withUnary(gobreakerAlone), unary: gobreakerAlone},
-	{name: "herdguard", dial: func(tb testing.TB, n int, d time.Duration) []grpc.DialOption { return herdguard(tb, n, d).DialOptions() },
-		unary: func(tb testing.TB, n int, d time.Duration) grpc.UnaryClientInterceptor { return herdguard(tb, n, d).Unary() }},
+	{name: "herdguard", dial: func(tb testing.TB, n int, d time.Duration) []grpc.DialOption {
+		return herdguard(tb, n, d).DialOptions()
+	},
+		unary: func(tb testing.TB, n int, d time.Duration) grpc.UnaryClientInterceptor {
+			return herdguard(tb, n, d).Unary()
+		}},
 }
