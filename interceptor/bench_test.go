@@ -2,7 +2,6 @@ package interceptor
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,37 +136,6 @@ func BenchmarkGobreakerAlone(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-}
-
-// BenchmarkUnaryFailurePathBufconn: 3 attempts over bufconn, the first two
-// Unavailable; herdguard against the hand-written loop as an interceptor.
-func BenchmarkUnaryFailurePathBufconn(b *testing.B) {
-	run := func(b *testing.B, dial ...grpc.DialOption) {
-		var n atomic.Int64
-		srv := testserver.Start(b, &testserver.Server{NoRecord: true, Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-			if n.Add(1)%3 != 0 {
-				return nil, status.Error(codes.Unavailable, "down")
-			}
-			return &testgrpc.SimpleResponse{}, nil
-		}})
-		c := srv.Client(b, dial...)
-		ctx := context.Background()
-		req := &testgrpc.SimpleRequest{}
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := c.UnaryCall(ctx, req); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	b.Run("hand-written", func(b *testing.B) {
-		run(b, grpc.WithUnaryInterceptor(handWrittenRetry))
-	})
-	b.Run("herdguard", func(b *testing.B) {
-		ic, _ := New(WithTracerProvider(noop.NewTracerProvider()),
-			WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: 1, MaxBackoff: 1}))
-		run(b, ic.DialOptions()...)
-	})
 }
 
 // BenchmarkUnaryBufconn is the whole call over bufconn. Its time varies a
