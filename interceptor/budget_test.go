@@ -170,7 +170,7 @@ func sumInt(t *testing.T, r *sdkmetric.ManualReader, name string, want []attribu
 func TestMetrics(t *testing.T) {
 	rec, mp := newMetrics()
 	sc := fail(codes.Unavailable, codes.Unavailable, codes.OK)
-	srv, c, _, ic := setup(t, sc, WithMeterProvider(mp), WithPolicy(tablePolicy), WithBreaker(breaker.Settings{ConsecutiveFailures: 1}))
+	_, c, _, _ := setup(t, sc, WithMeterProvider(mp), WithPolicy(tablePolicy), WithBreaker(breaker.Settings{ConsecutiveFailures: 1}))
 	if err := call(t, c); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,6 @@ func TestMetrics(t *testing.T) {
 	if len(gauge.DataPoints) != 1 || gauge.DataPoints[0].Value != 2 {
 		t.Errorf("breaker state gauge %+v, want one point of 2 (open)", gauge.DataPoints)
 	}
-	_, _ = srv, ic
 }
 
 func TestMetricsOffCostNothing(t *testing.T) {
