@@ -53,6 +53,10 @@ type retryStream struct {
 	limit    int
 	done     func(herdguard.Verdict) // the breaker's, nil without one
 	probe    bool
+	// breaker is the stream's breaker (nil without one) and breakerState its
+	// state as last seen, to record its changes as span events.
+	breaker      *breaker.Breaker
+	breakerState breaker.State
 	unwatch  func() bool // stops watching the caller's context
 	// cancelTimeout releases the context of the policy's Timeout, if any.
 	cancelTimeout context.CancelFunc
@@ -132,6 +136,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	}
 	if ic.breakers != nil {
 		b := ic.breakers.Get(cc.Target(), method)
+		s.breaker, s.breakerState = b, b.LastState()
 		done, probe, err := b.Allow(ctx)
 		if err != nil {
 			var oe *breaker.OpenError
@@ -152,6 +157,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		if probe {
 			s.maxAttempts = 1
 		}
+		s.breakerChanged() // admission may have moved an open breaker to half-open
 	}
 	s.bs.method, s.bs.lim, s.bs.meter = method, ic.limitsFor(cc.Target()), ic.metering.get()
 	s.bs.unsafe = ic.idempotentOnly && !ic.safeToRetry(method)
@@ -410,11 +416,24 @@ func (s *retryStream) finish(err error) {
 		s.bs.succeeded()
 	}
 	if s.done != nil {
-		s.done(verdict(s.ctx, err))
+		s.done(verdict(s.ctx, err)) // counted when it returns
+		s.breakerChanged()
 	}
 	s.endSpan(err)
 	if s.bs.meter != nil {
 		s.bs.meter.call(s.ctx, s.method, s.outcome)
+	}
+}
+
+// breakerChanged records a change of the breaker's state since it was last
+// seen as an event on the call span.
+func (s *retryStream) breakerChanged() {
+	if s.span == nil || s.breaker == nil {
+		return
+	}
+	if now := s.breaker.LastState(); now != s.breakerState {
+		breakerChanged(s.span, s.breaker.Scope(), s.breakerState, now)
+		s.breakerState = now
 	}
 }
 

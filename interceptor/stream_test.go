@@ -644,3 +644,35 @@ func TestHeaderCommitsTheStream(t *testing.T) {
 		t.Error("Context() of the committed attempt is nil")
 	}
 }
+
+func TestStreamBreakerEvents(t *testing.T) {
+	rec, tp := newRecorder()
+	srv := testserver.Start(t, &testserver.Server{ServerStream: func(*testgrpc.StreamingOutputCallRequest, testgrpc.TestService_StreamingOutputCallServer) error {
+		return status.Error(codes.Unavailable, "down")
+	}})
+	c, _ := streamClient(t, srv, WithTracerProvider(tp), WithPolicy(policy.Policy{MaxAttempts: 1}),
+		WithBreaker(breaker.Settings{ConsecutiveFailures: 1}))
+	for range 2 { // the first trips the breaker, the second is refused
+		if s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{}); err == nil {
+			s.Recv()
+		}
+	}
+	cs := spansNamed(rec.Ended(), "grpc.testing.TestService/StreamingOutputCall")
+	if len(cs) != 2 {
+		t.Fatalf("%d call spans, want 2", len(cs))
+	}
+	if ev := cs[0].Events(); len(ev) != 1 || ev[0].Name != EventBreakerStateChange {
+		t.Errorf("tripping stream's events %v, want one %s", ev, EventBreakerStateChange)
+	} else {
+		got := map[attribute.Key]string{}
+		for _, kv := range ev[0].Attributes {
+			got[kv.Key] = kv.Value.AsString()
+		}
+		if got[AttrBreakerFrom] != "closed" || got[AttrBreakerTo] != "open" {
+			t.Errorf("state change %v, want closed -> open", got)
+		}
+	}
+	if ev := cs[1].Events(); len(ev) != 1 || ev[0].Name != EventBreakerRejected {
+		t.Errorf("refused stream's events %v, want one %s", ev, EventBreakerRejected)
+	}
+}
