@@ -57,7 +57,7 @@ type retryStream struct {
 	// state as last seen, to record its changes as span events.
 	breaker      *breaker.Breaker
 	breakerState breaker.State
-	unwatch  func() bool // stops watching the caller's context
+	unwatch      func() bool // stops watching the caller's context
 	// cancelTimeout releases the context of the policy's Timeout, if any.
 	cancelTimeout context.CancelFunc
 
