@@ -9,8 +9,13 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
@@ -239,3 +244,29 @@ func TestNewRejectsBadBudgets(t *testing.T) {
 		}
 	}
 }
+
+// TestBudgetsAllocateNothingPerCall runs the interceptor alone, with both
+// budgets on, and counts allocations on the success path.
+func TestBudgetsAllocateNothingPerCall(t *testing.T) {
+	ic, err := New(WithTracerProvider(noopTP()), WithMeterProvider(noopMP()),
+		WithRetryThrottling(policy.Throttling{MaxTokens: 10, TokenRatio: 0.1}),
+		WithRetryBudget(policy.Budget{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(testserver.Target, grpc.WithTransportCredentials(insecureCreds()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	u := ic.Unary()
+	ctx := context.Background()
+	nop := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error { return nil }
+	u(ctx, testserver.MethodUnary, nil, nil, cc, nop) // make the target's breaker and budgets
+	if a := testing.AllocsPerRun(200, func() { u(ctx, testserver.MethodUnary, nil, nil, cc, nop) }); a != 0 {
+		t.Errorf("%v allocations per call with budgets on, want 0", a)
+	}
+}
+
+func noopTP() trace.TracerProvider { return tracenoop.NewTracerProvider() }
+func noopMP() metric.MeterProvider { return metricnoop.NewMeterProvider() }
