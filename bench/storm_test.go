@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"net"
 	"os"
 	"testing"
 	"time"
@@ -24,21 +23,15 @@ func TestStormTable(t *testing.T) {
 	if os.Getenv("HERDGUARD_STORM") != "1" {
 		t.Skip("set HERDGUARD_STORM=1 to run the storm comparison")
 	}
-	srv, err := stormlab.NewServer(stormlab.Faults{})
+	_, addr, stop, err := stormlab.ServeLoopback(stormlab.Faults{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := srv.Register()
-	go g.Serve(lis)
-	defer g.Stop()
+	defer stop()
 
 	sc := stormlab.Overload()
 	scaled := sc.Scale(stormScale)
-	r := &stormlab.Runner{Addr: lis.Addr().String()}
+	r := &stormlab.Runner{Addr: addr}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 

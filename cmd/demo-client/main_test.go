@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,21 +43,15 @@ func TestRejectsBadFlags(t *testing.T) {
 }
 
 func TestRunPrintsTableTreeAndSVG(t *testing.T) {
-	srv, err := stormlab.NewServer(stormlab.Faults{})
+	_, addr, stop, err := stormlab.ServeLoopback(stormlab.Faults{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := srv.Register()
-	go g.Serve(lis)
-	defer g.Stop()
+	defer stop()
 
 	svg := filepath.Join(t.TempDir(), "storm.svg")
 	var out, progress bytes.Buffer
-	o := options{addr: lis.Addr().String(), calls: 60, attempts: 5, base: time.Second, scale: 20,
+	o := options{addr: addr, calls: 60, attempts: 5, base: time.Second, scale: 20,
 		strategy: "exponential + full jitter", scenario: "published", trace: true, samples: 1, width: 40, svg: svg}
 	if err := run(context.Background(), o, &out, &progress); err != nil {
 		t.Fatal(err)

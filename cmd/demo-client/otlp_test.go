@@ -60,11 +60,11 @@ func TestExportsSpansOverOTLP(t *testing.T) {
 	coltrace.RegisterTraceServiceServer(cg, col)
 	colAddr := serve(t, cg)
 
-	srv, err := stormlab.NewServer(stormlab.Faults{})
+	_, addr, stop, err := stormlab.ServeLoopback(stormlab.Faults{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := serve(t, srv.Register())
+	defer stop()
 
 	o := options{addr: addr, calls: 20, attempts: 3, base: time.Second, scale: 20, width: 40,
 		strategy: "herdguard defaults", scenario: "published", otlp: colAddr}

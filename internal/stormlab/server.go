@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -455,4 +456,25 @@ func (s *Server) Faults() Faults {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.faults
+}
+
+// ServeLoopback serves a new gateway with faults f on 127.0.0.1, on a port
+// the system picks, until stop is called; stop returns once the server has
+// stopped. Tests and benchmarks use it.
+func ServeLoopback(f Faults) (s *Server, addr string, stop func(), err error) {
+	s, err = NewServer(f)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	g := s.Register()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = g.Serve(lis)
+	}()
+	return s, lis.Addr().String(), func() { g.Stop(); <-done }, nil
 }

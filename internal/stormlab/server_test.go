@@ -2,7 +2,6 @@ package stormlab
 
 import (
 	"context"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -223,19 +222,12 @@ func TestFaultsValidate(t *testing.T) {
 // startServer serves a gateway on 127.0.0.1 until the test ends.
 func startServer(t *testing.T, f Faults) (*Server, string) {
 	t.Helper()
-	s, err := NewServer(f)
+	s, addr, stop, err := ServeLoopback(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := s.Register()
-	done := make(chan struct{})
-	go func() { defer close(done); _ = g.Serve(lis) }()
-	t.Cleanup(func() { g.Stop(); <-done })
-	return s, lis.Addr().String()
+	t.Cleanup(stop)
+	return s, addr
 }
 
 func TestServerOverGRPC(t *testing.T) {
