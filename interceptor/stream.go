@@ -189,6 +189,7 @@ func (s *retryStream) retryLocked(err error) error {
 				trailer = a.cs.Trailer()
 			}
 			s.endAttempt(a, err)
+			a.release()
 			// an attempt that failed to open never reached the server
 			d := s.ic.decide(s.ctx, s.p, &s.bs, a.n, s.maxAttempts, err, timedOut, trailer, a.cs != nil)
 			if !d.retry {
@@ -247,6 +248,15 @@ func (s *retryStream) startLocked() error {
 	return nil
 }
 
+// release stops an attempt's timeout and cancels its context, freeing what
+// gRPC holds for it. Its trailer stays readable.
+func (a *streamAttempt) release() {
+	if a.timeout != nil {
+		a.timeout.Stop()
+	}
+	a.cancel(nil)
+}
+
 // commitLocked makes the current attempt final: no more retries, no more
 // buffering, no per-attempt timeout.
 func (s *retryStream) commitLocked(overflow bool) {
@@ -293,9 +303,15 @@ func (s *retryStream) SendMsg(m any) error {
 	s.mu.Unlock()
 	err := a.cs.SendMsg(pm)
 	if err == io.EOF {
-		// The attempt broke. The message is buffered and will be replayed
-		// if the stream is retried; RecvMsg reports the status if not.
-		return nil
+		// The attempt broke. Until the stream commits the message stays
+		// buffered and is replayed if the stream is retried; either way
+		// RecvMsg reports how the stream ended.
+		s.mu.Lock()
+		committed := s.committed
+		s.mu.Unlock()
+		if !committed {
+			return nil
+		}
 	}
 	return err
 }
@@ -407,10 +423,7 @@ func (s *retryStream) finish(err error) {
 		defer s.cancelTimeout()
 	}
 	if a != nil {
-		if a.timeout != nil {
-			a.timeout.Stop()
-		}
-		a.cancel(nil) // the stream is over: release the attempt's context
+		a.release() // the stream is over
 	}
 	if err == nil {
 		s.bs.succeeded()
