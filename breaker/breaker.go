@@ -76,12 +76,32 @@ func (e *OpenError) Unwrap() error { return ErrOpen }
 func (e *OpenError) GRPCStatus() *status.Status { return status.New(codes.Unavailable, e.Error()) }
 
 // Breaker is one circuit breaker: the breaker of one scope.
+//
+// gobreaker keeps the state machine and the counts. A healthy breaker adds
+// almost nothing to a call: with FailureRatio off, the only count that can
+// trip a closed breaker is its run of consecutive failures, and a success
+// only resets that run to zero. So while the breaker is closed and the run is
+// known to be zero, a call runs without taking gobreaker's lock, and only a
+// failure is handed to gobreaker. The counts gobreaker reports then leave out
+// those successes and ignored calls (Requests, TotalSuccesses,
+// ConsecutiveSuccesses, TotalExclusions); the failures, and every transition,
+// are exactly gobreaker's.
 type Breaker struct {
 	scope string
 	cb    *gobreaker.CircuitBreaker[struct{}]
 	// state mirrors the gobreaker state as of its last transition. gobreaker
 	// moves from open to half-open lazily, inside the next request.
 	state atomic.Int32
+
+	// fast is true when FailureRatio is off, so that successes need not be
+	// counted while the run of failures is zero.
+	fast bool
+	// failuresBegun counts failures about to be handed to gobreaker, and
+	// failuresDone those it has taken. quietAt is failuresBegun as of the
+	// last time gobreaker's run of consecutive failures was seen to be zero
+	// with no failure in flight: while failuresBegun still equals it, the run
+	// is still zero.
+	failuresBegun, failuresDone, quietAt atomic.Uint64
 }
 
 // errFailure and errExcluded carry a verdict through gobreaker without
@@ -101,10 +121,17 @@ func New(scope string, s Settings) (*Breaker, error) {
 
 // newBreaker builds a breaker from validated settings with defaults filled.
 func newBreaker(scope string, s Settings) *Breaker {
-	b := &Breaker{scope: scope}
+	b := &Breaker{scope: scope, fast: s.FailureRatio == 0}
+	b.cb = gobreaker.NewCircuitBreaker[struct{}](gobreakerSettings(scope, s, func(to State) { b.state.Store(int32(to)) }))
+	return b
+}
+
+// gobreakerSettings translates validated settings with defaults filled into
+// gobreaker's. mirror is told every new state before OnStateChange is.
+func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.Settings {
 	consecutive, ratio, minRequests := s.ConsecutiveFailures, s.FailureRatio, s.MinRequests
 	onChange := s.OnStateChange
-	b.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
+	return gobreaker.Settings{
 		Name:         scope,
 		MaxRequests:  s.HalfOpenMaxRequests,
 		Interval:     s.Window,
@@ -119,15 +146,14 @@ func newBreaker(scope string, s Settings) *Breaker {
 				float64(c.TotalFailures) >= ratio*float64(finished)
 		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {
-			b.state.Store(int32(fromGobreaker(to)))
+			mirror(fromGobreaker(to))
 			if onChange != nil {
 				onChange(scope, fromGobreaker(from), fromGobreaker(to))
 			}
 		},
 		IsSuccessful: func(err error) bool { return err == nil },
 		IsExcluded:   func(err error) bool { return err == errExcluded },
-	})
-	return b
+	}
 }
 
 // Scope returns the breaker's scope name.
@@ -142,8 +168,49 @@ func (b *Breaker) State() State { return fromGobreaker(b.cb.State()) }
 // open until a call or State moves it to half-open.
 func (b *Breaker) LastState() State { return State(b.state.Load()) }
 
-// Counts returns gobreaker's counts for the current state.
+// Counts returns gobreaker's counts for the current state. With FailureRatio
+// off they leave out the successes and ignored calls of a healthy closed
+// breaker (see [Breaker]).
 func (b *Breaker) Counts() gobreaker.Counts { return b.cb.Counts() }
+
+// quiet reports whether the breaker is closed with no failure on its run,
+// so that a call may skip gobreaker unless it fails.
+func (b *Breaker) quiet() bool {
+	return b.fast && State(b.state.Load()) == Closed && b.quietAt.Load() == b.failuresBegun.Load()
+}
+
+// lateFailure hands gobreaker the failure of a call that ran without it. As
+// gobreaker drops the results of calls made before its last transition, a
+// call that ends after the breaker left the closed state counts for nothing.
+func (b *Breaker) lateFailure() {
+	b.failuresBegun.Add(1)
+	defer b.failuresDone.Add(1)
+	if State(b.state.Load()) != Closed {
+		return
+	}
+	b.cb.Execute(func() (struct{}, error) { //nolint:errcheck // the verdict goes in, nothing comes out
+		if State(b.state.Load()) != Closed {
+			return struct{}{}, errExcluded
+		}
+		return struct{}{}, errFailure
+	})
+}
+
+// noteSuccess is called after gobreaker counted a success. If no failure is
+// in flight and gobreaker's run of failures is zero, later calls may take
+// the fast path until the next failure begins.
+func (b *Breaker) noteSuccess() {
+	if !b.fast {
+		return
+	}
+	// A failure begun after this load makes the mark stale. One begun
+	// before it has, if failuresDone caught up, been counted before Counts
+	// reads the run; if failuresDone did not catch up, no mark is made.
+	begun := b.failuresBegun.Load()
+	if b.failuresDone.Load() == begun && b.cb.Counts().ConsecutiveFailures == 0 {
+		b.quietAt.Store(begun)
+	}
+}
 
 // Execute runs fn if the breaker lets the call through, and records the
 // verdict fn returns. probe is true when the call goes through a half-open
@@ -154,9 +221,18 @@ func (b *Breaker) Counts() gobreaker.Counts { return b.cb.Counts() }
 // when the breaker refused the call without running fn, an [*OpenError].
 func (b *Breaker) Execute(fn func(probe bool) herdguard.Verdict) (before, after State, err error) {
 	before = State(b.state.Load())
+	if b.quiet() {
+		if fn(false) == herdguard.Failure {
+			b.lateFailure()
+		}
+		return before, State(b.state.Load()), nil
+	}
+	var v herdguard.Verdict
 	_, err = b.cb.Execute(func() (struct{}, error) {
-		switch fn(State(b.state.Load()) != Closed) {
+		v = fn(State(b.state.Load()) != Closed)
+		switch v {
 		case herdguard.Failure:
+			b.failuresBegun.Add(1)
 			return struct{}{}, errFailure
 		case herdguard.Ignored:
 			return struct{}{}, errExcluded
@@ -170,6 +246,12 @@ func (b *Breaker) Execute(fn func(probe bool) herdguard.Verdict) (before, after 
 	case errors.Is(err, gobreaker.ErrTooManyRequests):
 		return before, after, &OpenError{Scope: b.scope, State: HalfOpen}
 	}
+	switch v {
+	case herdguard.Failure:
+		b.failuresDone.Add(1)
+	case herdguard.Success:
+		b.noteSuccess()
+	}
 	return before, after, nil
 }
 
@@ -180,11 +262,22 @@ func (b *Breaker) Execute(fn func(probe bool) herdguard.Verdict) (before, after 
 // true when the call goes through a half-open breaker. A refused call gets
 // an [*OpenError].
 //
-// gobreaker's two-step breaker keeps its own private state, so it cannot
-// share a breaker with [Breaker.Execute], which unary calls use because it
-// allocates nothing. Allow therefore holds one gobreaker request open in a
-// goroutine that lives until done is called or ctx ends.
+// A quiet breaker (closed, no failure on its run; see [Breaker]) lets the
+// call through at once and hears only a failure. Otherwise, as gobreaker's
+// two-step breaker keeps its own private state and so cannot share a
+// breaker with [Breaker.Execute], Allow holds one gobreaker request open in
+// a goroutine that lives until done is called or ctx ends.
 func (b *Breaker) Allow(ctx context.Context) (done func(herdguard.Verdict), probe bool, err error) {
+	if b.quiet() {
+		var once sync.Once
+		return func(v herdguard.Verdict) {
+			once.Do(func() {
+				if v == herdguard.Failure && ctx.Err() == nil {
+					b.lateFailure()
+				}
+			})
+		}, false, nil
+	}
 	admitted := make(chan bool, 1)
 	refused := make(chan error, 1)
 	result := make(chan herdguard.Verdict, 1)

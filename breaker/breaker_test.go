@@ -351,19 +351,51 @@ func TestAllowCountsTheLaterVerdict(t *testing.T) {
 
 func TestAllowEndsWithTheContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1})
+		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 2})
+		run(t, b, herdguard.Failure) // a run of one failure: Allow holds a gobreaker request
 		ctx, cancel := context.WithCancel(t.Context())
-		_, _, err := b.Allow(ctx)
+		done, _, err := b.Allow(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		cancel() // abandoned: counts as ignored, and its goroutine ends
 		synctest.Wait()
+		done(herdguard.Failure) // too late: the call was already counted
 		if got := b.State(); got != breaker.Closed {
 			t.Fatalf("an abandoned call moved the breaker to %v", got)
 		}
-		if c := b.Counts(); c.TotalExclusions != 1 {
-			t.Errorf("counts %+v, want one exclusion", c)
+		if c := b.Counts(); c.TotalExclusions != 1 || c.ConsecutiveFailures != 1 {
+			t.Errorf("counts %+v, want one exclusion and the run of one failure", c)
+		}
+	})
+}
+
+func TestAllowOnAQuietBreaker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 2})
+		ctx, cancel := context.WithCancel(t.Context())
+		done, probe, err := b.Allow(ctx)
+		if err != nil || probe {
+			t.Fatalf("closed breaker: probe=%v err=%v", probe, err)
+		}
+		cancel()
+		done(herdguard.Failure) // the caller's own cancellation: not the server's fault
+		if c := b.Counts(); c.TotalFailures != 0 {
+			t.Fatalf("a failure after the stream's context ended was counted: %+v", c)
+		}
+		for i := range 2 {
+			done, _, err := b.Allow(t.Context())
+			if err != nil {
+				t.Fatalf("stream %d refused: %v", i+1, err)
+			}
+			done(herdguard.Failure)
+			done(herdguard.Failure) // a second call does nothing
+			if c := b.Counts(); i == 0 && c.ConsecutiveFailures != 1 {
+				t.Fatalf("after %d failed streams: counts %+v", i+1, c)
+			}
+		}
+		if got := b.State(); got != breaker.Open {
+			t.Fatalf("2 failed streams in a row left the breaker %v", got)
 		}
 	})
 }

@@ -1,0 +1,193 @@
+package breaker
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/herdguard/herdguard"
+)
+
+// TestFastPathMatchesGobreaker drives a Breaker and a plain gobreaker with
+// the same settings through the same long random sequence of calls and
+// pauses, and checks after every call that both let the same calls through,
+// as probes or not, and hold the same state and failure counts. With
+// FailureRatio set there is no fast path and every count must match.
+func TestFastPathMatchesGobreaker(t *testing.T) {
+	settings := []Settings{
+		{ConsecutiveFailures: 1},
+		{ConsecutiveFailures: 3},
+		{ConsecutiveFailures: 5, HalfOpenMaxRequests: 3},
+		{ConsecutiveFailures: 4, Window: 2 * time.Second, OpenTimeout: time.Second, HalfOpenMaxRequests: 2},
+		{ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 4, Window: 3 * time.Second},
+	}
+	pauses := []time.Duration{0, 0, 0, 10 * time.Millisecond, 300 * time.Millisecond, time.Second, 6 * time.Second}
+	for _, s := range settings {
+		for seed := range uint64(8) {
+			t.Run(fmt.Sprintf("%+v/seed=%d", s, seed), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					s := s.WithDefaults()
+					b := newBreaker("x", s)
+					refState := Closed
+					ref := gobreaker.NewCircuitBreaker[struct{}](gobreakerSettings("x", s, func(to State) { refState = to }))
+					rng := rand.New(rand.NewPCG(seed, 1))
+					quietCalls, transitions := 0, 0
+					failing := false
+					for i := range 3000 {
+						// Bursts: the server is up or down for a while.
+						if rng.IntN(20) == 0 {
+							failing = !failing
+						}
+						v := herdguard.Success
+						switch r := rng.IntN(10); {
+						case r == 0:
+							v = herdguard.Ignored
+						case failing && r < 9, !failing && r == 1:
+							v = herdguard.Failure
+						}
+						if b.quiet() {
+							quietCalls++
+						}
+						var ran, probe, refRan, refProbe bool
+						_, _, err := b.Execute(func(p bool) herdguard.Verdict { ran, probe = true, p; return v })
+						_, refErr := ref.Execute(func() (struct{}, error) {
+							refRan, refProbe = true, refState != Closed
+							switch v {
+							case herdguard.Failure:
+								return struct{}{}, errFailure
+							case herdguard.Ignored:
+								return struct{}{}, errExcluded
+							}
+							return struct{}{}, nil
+						})
+						refRefused := errors.Is(refErr, gobreaker.ErrOpenState) || errors.Is(refErr, gobreaker.ErrTooManyRequests)
+						if ran != refRan || probe != refProbe || (err != nil) != refRefused {
+							t.Fatalf("call %d (%v): ran=%v probe=%v err=%v; gobreaker ran=%v probe=%v err=%v",
+								i, v, ran, probe, err, refRan, refProbe, refErr)
+						}
+						got, want := b.State(), fromGobreaker(ref.State())
+						if got != want {
+							t.Fatalf("call %d (%v): state %v, gobreaker %v", i, v, got, want)
+						}
+						if got != Closed {
+							transitions++
+						}
+						gc, wc := b.Counts(), ref.Counts()
+						if s.FailureRatio == 0 {
+							gc = gobreaker.Counts{TotalFailures: gc.TotalFailures, ConsecutiveFailures: gc.ConsecutiveFailures}
+							wc = gobreaker.Counts{TotalFailures: wc.TotalFailures, ConsecutiveFailures: wc.ConsecutiveFailures}
+						}
+						if gc != wc {
+							t.Fatalf("call %d (%v): counts %+v, gobreaker %+v", i, v, gc, wc)
+						}
+						time.Sleep(pauses[rng.IntN(len(pauses))])
+					}
+					if s.FailureRatio == 0 && quietCalls < 300 {
+						t.Errorf("only %d of 3000 calls took the fast path", quietCalls)
+					}
+					if s.FailureRatio > 0 && quietCalls > 0 {
+						t.Errorf("%d calls took the fast path with FailureRatio set", quietCalls)
+					}
+					if transitions == 0 {
+						t.Error("the breaker never left the closed state: the sequence tests nothing")
+					}
+				})
+			})
+		}
+	}
+}
+
+// TestFastPathUnderConcurrency lets goroutines race through a breaker with
+// successes and failures, stops them all now and then, and checks at every
+// stop that the fast path never outlives a failure: if the breaker is quiet,
+// gobreaker's run of failures is zero. At the end, exactly
+// ConsecutiveFailures failures in a row must still trip it.
+func TestFastPathUnderConcurrency(t *testing.T) {
+	for round := range 10 {
+		b := newBreaker("x", Settings{ConsecutiveFailures: 1000}.WithDefaults())
+		var (
+			world sync.RWMutex // workers hold it shared; a check takes it whole
+			wg    sync.WaitGroup
+			stop  = make(chan struct{})
+		)
+		for g := range 8 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(round), uint64(g)))
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					v := herdguard.Success
+					if rng.IntN(2) == 0 {
+						v = herdguard.Failure
+					}
+					world.RLock()
+					b.Execute(func(bool) herdguard.Verdict { return v })
+					world.RUnlock()
+				}
+			})
+		}
+		quietStops := 0
+		for i := range 2000 {
+			world.Lock()
+			if b.quiet() {
+				quietStops++
+				if c := b.Counts(); c.ConsecutiveFailures != 0 {
+					world.Unlock()
+					close(stop)
+					wg.Wait()
+					t.Fatalf("round %d, stop %d: quiet with a run of %d failures", round, i, c.ConsecutiveFailures)
+				}
+			}
+			if b.LastState() != Closed {
+				t.Fatalf("round %d: state %v; 8 goroutines cannot make 1000 failures in a row at these odds", round, b.LastState())
+			}
+			world.Unlock()
+		}
+		close(stop)
+		wg.Wait()
+		if quietStops == 0 {
+			t.Errorf("round %d: the breaker was never quiet at a stop: the check tests nothing", round)
+		}
+		b.Execute(func(bool) herdguard.Verdict { return herdguard.Success })
+		for i := range 1000 {
+			if b.LastState() != Closed {
+				t.Fatalf("round %d: open after %d failures in a row, want 1000", round, i)
+			}
+			b.Execute(func(bool) herdguard.Verdict { return herdguard.Failure })
+		}
+		if b.LastState() != Open {
+			t.Fatalf("round %d: 1000 failures in a row left the breaker %v", round, b.LastState())
+		}
+	}
+}
+
+func TestExecuteQuietAllocatesNothing(t *testing.T) {
+	b := newBreaker("x", Settings{}.WithDefaults())
+	fn := func(bool) herdguard.Verdict { return herdguard.Success }
+	if n := testing.AllocsPerRun(100, func() { b.Execute(fn) }); n != 0 {
+		t.Errorf("Execute on a quiet breaker: %v allocations, want 0", n)
+	}
+	if !b.quiet() {
+		t.Fatal("a breaker with only successes is not quiet")
+	}
+	_, _, err := b.Execute(func(bool) herdguard.Verdict { return herdguard.Failure })
+	if err != nil || b.quiet() {
+		t.Fatalf("after a failure: err=%v quiet=%v, want nil and false", err, b.quiet())
+	}
+	if c := b.Counts(); c.ConsecutiveFailures != 1 {
+		t.Fatalf("a failure on the fast path was not handed to gobreaker: %+v", c)
+	}
+	b.Execute(fn)
+	if !b.quiet() {
+		t.Fatal("a success after the failure did not make the breaker quiet again")
+	}
+}
