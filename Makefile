@@ -30,8 +30,9 @@ help: ## Show the targets
 # arrivals in 67 ms windows; other test binaries competing for the cores
 # would spread a herd of calls across windows.
 .PHONY: test
-test: ## Run all tests with the race detector
+test: ## Run all tests with the race detector, then the allocation tests without it
 	$(GO) test -race -count=1 -p 1 ./...
+	$(GO) test -count=1 -run Alloc ./breaker/ ./budget/ ./interceptor/ ./internal/cow/
 	cd bench && $(GO) vet . && $(GO) test -count=1 .
 
 .PHONY: build

@@ -27,16 +27,7 @@ func nopInvoker(context.Context, string, any, any, *grpc.ClientConn, ...grpc.Cal
 }
 
 func benchInterceptorAlone(b *testing.B, opts ...Option) {
-	ic, err := New(opts...)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cc, err := grpc.NewClient(testserver.Target, grpc.WithTransportCredentials(insecureCreds()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cc.Close()
-	u := ic.Unary()
+	u, cc := alone(b, opts...)
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

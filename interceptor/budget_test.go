@@ -248,18 +248,9 @@ func TestNewRejectsBadBudgets(t *testing.T) {
 // TestBudgetsAllocateNothingPerCall runs the interceptor alone, with both
 // budgets on, and counts allocations on the success path.
 func TestBudgetsAllocateNothingPerCall(t *testing.T) {
-	ic, err := New(WithTracerProvider(noopTP()), WithMeterProvider(noopMP()),
+	u, cc := alone(t, WithTracerProvider(noopTP()), WithMeterProvider(noopMP()),
 		WithRetryThrottling(policy.Throttling{MaxTokens: 10, TokenRatio: 0.1}),
 		WithRetryBudget(policy.Budget{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient(testserver.Target, grpc.WithTransportCredentials(insecureCreds()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	u := ic.Unary()
 	ctx := context.Background()
 	nop := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error { return nil }
 	u(ctx, testserver.MethodUnary, nil, nil, cc, nop) // make the target's breaker and budgets

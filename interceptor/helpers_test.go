@@ -164,3 +164,20 @@ func call(t *testing.T, c testgrpc.TestServiceClient, opts ...grpc.CallOption) e
 }
 
 func insecureCreds() credentials.TransportCredentials { return insecure.NewCredentials() }
+
+// alone returns the unary interceptor New makes with opts, and a client
+// connection that never dials, for running the interceptor with an
+// invoker of the test's own.
+func alone(tb testing.TB, opts ...Option) (grpc.UnaryClientInterceptor, *grpc.ClientConn) {
+	tb.Helper()
+	ic, err := New(opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cc, err := grpc.NewClient(testserver.Target, grpc.WithTransportCredentials(insecureCreds()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cc.Close() })
+	return ic.Unary(), cc
+}

@@ -155,9 +155,8 @@ func verdict(ctx context.Context, err error) herdguard.Verdict {
 // call's error. It sets c.attempts and c.outcome.
 func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	var (
-		bs       = backoffState{timer: c.buf.timer, method: c.method, lim: c.lim, meter: c.meter, unsafe: c.unsafe}
-		retryCtx context.Context
-		retryMD  metadata.MD
+		bs      = backoffState{timer: c.buf.timer, method: c.method, lim: c.lim, meter: c.meter, unsafe: c.unsafe}
+		retries retryMetadata
 	)
 	defer func() { c.buf.timer = bs.timer }()
 	bs.started()
@@ -165,19 +164,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		c.attempts = attempt
 		actx := ctx
 		if attempt > 1 {
-			// One outgoing context serves every retry of the call; only the
-			// attempt number in its metadata changes, once the attempt before
-			// has returned. That costs a few allocations per call, not per
-			// attempt.
-			if retryCtx == nil {
-				retryMD, _ = metadata.FromOutgoingContext(ctx)
-				if retryMD == nil {
-					retryMD = make(metadata.MD, 1)
-				}
-				retryCtx = metadata.NewOutgoingContext(ctx, retryMD)
-			}
-			retryMD[AttemptMetadataKey] = attemptValue(attempt)
-			actx = retryCtx
+			actx = retries.numbered(ctx, attempt)
 		}
 		perAttemptTimeout, err := c.attempt(actx, attempt, attempt < maxAttempts)
 		if err == nil {

@@ -1,0 +1,120 @@
+package interceptor
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/policy"
+)
+
+type ctxKey struct{}
+
+// TestRetriesKeepTheCallersContext makes calls that need 13 attempts, past
+// the attempt numbers made in advance, with and without outgoing metadata of
+// the caller's own. Every retry must carry its number and the caller's
+// metadata, and the interceptors after herdguard must still see the
+// caller's context values and deadline.
+func TestRetriesKeepTheCallersContext(t *testing.T) {
+	for _, callerMD := range []metadata.MD{nil, metadata.Pairs("x-user", "ada", "x-tags", "a", "x-tags", "b")} {
+		t.Run("metadata="+strconv.FormatBool(callerMD != nil), func(t *testing.T) {
+			var (
+				mu   sync.Mutex
+				seen []metadata.MD
+			)
+			srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+				md, _ := metadata.FromIncomingContext(ctx)
+				mu.Lock()
+				defer mu.Unlock()
+				seen = append(seen, md)
+				if len(seen) < 13 {
+					return nil, status.Error(codes.Unavailable, "down")
+				}
+				return &testgrpc.SimpleResponse{}, nil
+			}})
+			ic, err := New(withClock(newFakeClock()), WithoutBreaker(),
+				WithPolicy(policy.Policy{MaxAttempts: 13, InitialBackoff: ms, MaxBackoff: ms, Jitter: policy.NoJitter}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var inner []string
+			after := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if _, ok := ctx.Deadline(); !ok || ctx.Value(ctxKey{}) != "kept" {
+					inner = append(inner, "lost the caller's context")
+				}
+				return invoker(ctx, method, req, reply, cc, opts...)
+			}
+			c := srv.Client(t, append(ic.DialOptions(), grpc.WithChainUnaryInterceptor(after))...)
+			ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), ctxKey{}, "kept"), callTimeout)
+			defer cancel()
+			if callerMD != nil {
+				ctx = metadata.NewOutgoingContext(ctx, callerMD)
+			}
+			if _, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
+				t.Fatalf("call: %v", err)
+			}
+			if len(inner) != 0 {
+				t.Errorf("interceptor after herdguard: %q", inner)
+			}
+			if len(seen) != 13 {
+				t.Fatalf("server saw %d attempts, want 13", len(seen))
+			}
+			for i, md := range seen {
+				want := []string(nil)
+				if i > 0 {
+					want = []string{strconv.Itoa(i + 1)}
+				}
+				if got := md.Get(AttemptMetadataKey); !slices.Equal(got, want) {
+					t.Errorf("attempt %d: %s %q, want %q", i+1, AttemptMetadataKey, got, want)
+				}
+				for k, v := range callerMD {
+					if got := md.Get(k); !slices.Equal(got, v) {
+						t.Errorf("attempt %d: %s %q, want the caller's %q", i+1, k, got, v)
+					}
+				}
+			}
+			if got := callerMD.Get(AttemptMetadataKey); len(got) != 0 {
+				t.Errorf("the caller's own metadata was changed: %v", callerMD)
+			}
+		})
+	}
+}
+
+// TestRetriedCallAllocatesOnce runs the interceptor alone on calls that
+// need 3 attempts: numbering the retries of a call whose context carries no
+// metadata of the caller's costs one allocation per call, and nothing else
+// in the loop allocates (the wait timer is pooled).
+func TestRetriedCallAllocatesOnce(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop pooled buffers")
+	}
+	u, cc := alone(t, WithTracerProvider(noopTP()), WithMeterProvider(noopMP()),
+		WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: 1, MaxBackoff: 1}))
+	unavailable := status.Error(codes.Unavailable, "down")
+	n := 0
+	failTwice := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+		if n++; n%3 != 0 {
+			return unavailable
+		}
+		return nil
+	}
+	ctx := context.Background()
+	call := func() {
+		if err := u(ctx, testserver.MethodUnary, nil, nil, cc, failTwice); err != nil {
+			t.Fatal(err)
+		}
+	}
+	call() // make the target's breaker and the pooled timer
+	if a := testing.AllocsPerRun(200, call); a > 1 {
+		t.Errorf("%v allocations per 3-attempt call, want at most 1", a)
+	}
+}
