@@ -212,6 +212,23 @@ func (b *Breaker) noteSuccess() {
 	}
 }
 
+// executeQuiet runs fn without gobreaker and hands it only a failure. A
+// call that panics is a failure, as in gobreaker; the panic goes on.
+func (b *Breaker) executeQuiet(fn func(probe bool) herdguard.Verdict) (after State) {
+	returned := false
+	defer func() {
+		if !returned {
+			b.lateFailure()
+		}
+	}()
+	v := fn(false)
+	returned = true
+	if v == herdguard.Failure {
+		b.lateFailure()
+	}
+	return State(b.state.Load())
+}
+
 // Execute runs fn if the breaker lets the call through, and records the
 // verdict fn returns. probe is true when the call goes through a half-open
 // breaker; the caller should then make a single attempt.
@@ -222,16 +239,30 @@ func (b *Breaker) noteSuccess() {
 func (b *Breaker) Execute(fn func(probe bool) herdguard.Verdict) (before, after State, err error) {
 	before = State(b.state.Load())
 	if b.quiet() {
-		if fn(false) == herdguard.Failure {
-			b.lateFailure()
-		}
-		return before, State(b.state.Load()), nil
+		return before, b.executeQuiet(fn), nil
 	}
-	var v herdguard.Verdict
+	var (
+		v       herdguard.Verdict
+		failing bool // this call's failure was announced in failuresBegun
+	)
+	defer func() {
+		if failing {
+			b.failuresDone.Add(1)
+		}
+	}()
 	_, err = b.cb.Execute(func() (struct{}, error) {
+		returned := false
+		defer func() {
+			if !returned { // fn panicked: gobreaker counts a failure
+				failing = true
+				b.failuresBegun.Add(1)
+			}
+		}()
 		v = fn(State(b.state.Load()) != Closed)
+		returned = true
 		switch v {
 		case herdguard.Failure:
+			failing = true
 			b.failuresBegun.Add(1)
 			return struct{}{}, errFailure
 		case herdguard.Ignored:
@@ -246,10 +277,7 @@ func (b *Breaker) Execute(fn func(probe bool) herdguard.Verdict) (before, after 
 	case errors.Is(err, gobreaker.ErrTooManyRequests):
 		return before, after, &OpenError{Scope: b.scope, State: HalfOpen}
 	}
-	switch v {
-	case herdguard.Failure:
-		b.failuresDone.Add(1)
-	case herdguard.Success:
+	if v == herdguard.Success {
 		b.noteSuccess()
 	}
 	return before, after, nil

@@ -179,6 +179,10 @@ func TestExecuteQuietAllocatesNothing(t *testing.T) {
 	if !b.quiet() {
 		t.Fatal("a breaker with only successes is not quiet")
 	}
+	ratio := newBreaker("x", Settings{FailureRatio: 0.5}.WithDefaults())
+	if n := testing.AllocsPerRun(100, func() { ratio.Execute(fn) }); n != 0 || ratio.quiet() {
+		t.Errorf("Execute through gobreaker: %v allocations, want 0 (quiet=%v)", n, ratio.quiet())
+	}
 	_, _, err := b.Execute(func(bool) herdguard.Verdict { return herdguard.Failure })
 	if err != nil || b.quiet() {
 		t.Fatalf("after a failure: err=%v quiet=%v, want nil and false", err, b.quiet())
@@ -189,5 +193,38 @@ func TestExecuteQuietAllocatesNothing(t *testing.T) {
 	b.Execute(fn)
 	if !b.quiet() {
 		t.Fatal("a success after the failure did not make the breaker quiet again")
+	}
+}
+
+// TestPanicIsAFailure: a call that panics counts as a failure on the fast
+// path as it does in gobreaker, and the panic reaches the caller.
+func TestPanicIsAFailure(t *testing.T) {
+	for _, quiet := range []bool{true, false} {
+		b := newBreaker("x", Settings{ConsecutiveFailures: 3}.WithDefaults())
+		if !quiet {
+			b.Execute(func(bool) herdguard.Verdict { return herdguard.Failure })
+		}
+		if b.quiet() != quiet {
+			t.Fatalf("quiet = %v, want %v", b.quiet(), quiet)
+		}
+		before := b.Counts().ConsecutiveFailures
+		func() {
+			defer func() {
+				if r := recover(); r != "boom" {
+					t.Errorf("quiet=%v: recovered %v, want the call's panic", quiet, r)
+				}
+			}()
+			b.Execute(func(bool) herdguard.Verdict { panic("boom") })
+		}()
+		if got := b.Counts().ConsecutiveFailures; got != before+1 {
+			t.Errorf("quiet=%v: run of failures %d after a panic, want %d", quiet, got, before+1)
+		}
+		if begun, done := b.failuresBegun.Load(), b.failuresDone.Load(); begun != done || begun != uint64(before)+1 {
+			t.Errorf("quiet=%v: failures begun %d, done %d, want %d each", quiet, begun, done, before+1)
+		}
+		b.Execute(func(bool) herdguard.Verdict { return herdguard.Success })
+		if !b.quiet() {
+			t.Errorf("quiet=%v: a success after the panic did not make the breaker quiet", quiet)
+		}
 	}
 }
