@@ -54,7 +54,7 @@ demo: build ## Start the demo server on 127.0.0.1, run the client against it, st
 .PHONY: bench
 bench: $(BIN)/benchstat ## Run the benchmarks (5 times each) and the storm table; write .bench/ and docs/benchmarks.md
 	@mkdir -p $(BENCH_OUT)
-	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./... | tee $(BENCH_OUT)/core.txt
+	$(GO) test -p 1 -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./... | tee $(BENCH_OUT)/core.txt
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) . | tee ../$(BENCH_OUT)/peers.txt
 	$(BIN)/benchstat $(BENCH_OUT)/core.txt > $(BENCH_OUT)/core-summary.txt
 	$(BIN)/benchstat -col /peer $(BENCH_OUT)/peers.txt > $(BENCH_OUT)/peers-summary.txt
