@@ -188,7 +188,8 @@ func (b *Breaker) lateFailure() {
 	if State(b.state.Load()) != Closed {
 		return
 	}
-	b.cb.Execute(func() (struct{}, error) { //nolint:errcheck // the verdict goes in, nothing comes out
+	// The verdict goes in; nothing comes out but the verdict itself.
+	_, _ = b.cb.Execute(func() (struct{}, error) {
 		if State(b.state.Load()) != Closed {
 			return struct{}{}, errExcluded
 		}
