@@ -2,9 +2,26 @@ package interceptor
 
 import (
 	"context"
+	"strconv"
 
 	"google.golang.org/grpc/metadata"
 )
+
+// attemptValues are the metadata values of the first retries, made once.
+var attemptValues = func() (v [11][]string) {
+	for i := range v {
+		v[i] = []string{strconv.Itoa(i)}
+	}
+	return v
+}()
+
+// attemptValue returns the metadata value that numbers attempt n.
+func attemptValue(n int) []string {
+	if n < len(attemptValues) {
+		return attemptValues[n]
+	}
+	return []string{strconv.Itoa(n)}
+}
 
 // attemptNumbers holds, for the first retries, a context whose only content
 // is the outgoing metadata "herdguard-attempt: n". They are made once and

@@ -177,18 +177,3 @@ func pushback(md metadata.MD) (wait time.Duration, ok, present bool) {
 	}
 	return time.Duration(ms) * time.Millisecond, true, true
 }
-
-// attemptValues are the metadata values of the first retries, made once.
-var attemptValues = func() (v [11][]string) {
-	for i := range v {
-		v[i] = []string{strconv.Itoa(i)}
-	}
-	return v
-}()
-
-func attemptValue(n int) []string {
-	if n < len(attemptValues) {
-		return attemptValues[n]
-	}
-	return []string{strconv.Itoa(n)}
-}
