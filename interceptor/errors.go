@@ -49,9 +49,9 @@ const (
 // RetryError is the error of a call that failed with a retryable code and
 // was not retried further: its attempts ran out, the next wait would have
 // outlasted the caller's deadline, the server's pushback said stop, or the
-// retry budget was spent. It
-// carries the last attempt's error: errors.Unwrap returns it, and
-// status.Code and status.FromError report its status unchanged.
+// retry budget was spent. It carries the last attempt's error:
+// errors.Unwrap returns it, and status.Code and status.FromError report its
+// status unchanged.
 //
 // A call that failed with a code the policy does not retry, or that the
 // caller cancelled, returns the attempt's error as it is.

@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"math/rand/v2"
 	"strings"
@@ -47,11 +48,7 @@ func (ic *Interceptor) withIdempotencyKey(ctx context.Context) context.Context {
 		return ctx
 	}
 	var b [16]byte
-	for i := 0; i < len(b); i += 8 {
-		v := rand.Uint64()
-		for j := range 8 {
-			b[i+j] = byte(v >> (8 * j))
-		}
-	}
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
 	return metadata.AppendToOutgoingContext(ctx, ic.idempotencyKey, hex.EncodeToString(b[:]))
 }

@@ -123,7 +123,7 @@ func fieldError(field string, value any, why string) error {
 // (the defaults when RetryableCodes is empty).
 func (p Policy) Retryable(code codes.Code) bool {
 	if len(p.RetryableCodes) == 0 {
-		return code == codes.Unavailable || code == codes.ResourceExhausted
+		return slices.Contains(herdguard.DefaultRetryableCodes(), code)
 	}
 	return slices.Contains(p.RetryableCodes, code)
 }
