@@ -152,6 +152,10 @@ func TestReportShowsWhatWasCounted(t *testing.T) {
 	if !strings.Contains(hist.String(), "| █▃|") || !strings.Contains(hist.String(), "peak 7") {
 		t.Errorf("histogram:\n%s", hist.String())
 	}
+	var empty strings.Builder
+	if err := WriteHistograms(&empty, nil, 72); err != nil || empty.Len() != 0 {
+		t.Errorf("histograms of no results: %q, %v; want nothing", empty.String(), err)
+	}
 	WriteSVG(&svg, []SVGSection{{Title: "t<1>", Results: rs}})
 	if !strings.HasPrefix(svg.String(), "<svg") || strings.Count(svg.String(), `fill="#3b6ea5"`) != 2 || !strings.Contains(svg.String(), "t&lt;1&gt;") {
 		t.Errorf("svg:\n%s", svg.String())

@@ -92,15 +92,13 @@ const sparkRunes = " ▁▂▃▄▅▆▇█"
 // bars, all on one scale (the largest peak among them) so rows compare.
 // Long series are folded: each column shows the largest of several windows.
 func WriteHistograms(w io.Writer, results []Result, width int) error {
+	if len(results) == 0 {
+		return nil
+	}
 	if width < 10 {
 		width = 10
 	}
-	var top int64
-	longest := 0
-	for _, r := range results {
-		top = max(top, r.Stats.GetPeakRetries())
-		longest = max(longest, len(r.Stats.GetWindows()))
-	}
+	top, longest := extent(results)
 	per := max(1, (longest+width-1)/width)
 	window := time.Duration(results[0].Stats.GetWindowMs()) * time.Millisecond
 	fmt.Fprintf(w, "retries per window, one column = %d window(s) of %v (largest shown), full bar = %d retries\n", per, window, top)
@@ -123,6 +121,16 @@ func WriteHistograms(w io.Writer, results []Result, width int) error {
 		}
 	}
 	return nil
+}
+
+// extent returns the largest peak of retries per window among results and
+// the length of their longest series, the common scale of their charts.
+func extent(results []Result) (peak int64, longest int) {
+	for _, r := range results {
+		peak = max(peak, r.Stats.GetPeakRetries())
+		longest = max(longest, len(r.Stats.GetWindows()))
+	}
+	return peak, longest
 }
 
 func sparkRune(v, top int64) rune {
@@ -163,13 +171,8 @@ func svgSection(title string, results []Result, y0 int) (string, int, int) {
 		panelH, barAreaH, left, right, top = 90, 60, 230, 20, 40
 		plotW                              = 900
 	)
-	var peak int64
-	longest := 1
-	for _, r := range results {
-		peak = max(peak, r.Stats.GetPeakRetries())
-		longest = max(longest, len(r.Stats.GetWindows()))
-	}
-	peak = max(peak, 1)
+	peak, longest := extent(results)
+	peak, longest = max(peak, 1), max(longest, 1)
 	height := top + panelH*len(results) + 30
 	width := left + plotW + right
 	bw := float64(plotW) / float64(longest)
