@@ -1,10 +1,8 @@
 package breaker
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 
 	"github.com/sony/gobreaker/v2"
@@ -77,18 +75,20 @@ func (e *OpenError) GRPCStatus() *status.Status { return status.New(codes.Unavai
 
 // Breaker is one circuit breaker: the breaker of one scope.
 //
-// gobreaker keeps the state machine and the counts. A healthy breaker adds
-// almost nothing to a call: with FailureRatio off, the only count that can
-// trip a closed breaker is its run of consecutive failures, and a success
-// only resets that run to zero. So while the breaker is closed and the run is
-// known to be zero, a call runs without taking gobreaker's lock, and only a
-// failure is handed to gobreaker. The counts gobreaker reports then leave out
-// those successes and ignored calls (Requests, TotalSuccesses,
-// ConsecutiveSuccesses, TotalExclusions); the failures, and every transition,
-// are exactly gobreaker's.
+// gobreaker keeps the state machine and the counts, through its two-step
+// breaker, so that a unary call ([Breaker.Execute]) and a stream, whose
+// verdict comes later ([Breaker.Allow]), share one breaker. A healthy
+// breaker adds almost nothing to a call: with FailureRatio off, the only
+// count that can trip a closed breaker is its run of consecutive failures,
+// and a success only resets that run to zero. So while the breaker is closed
+// and the run is known to be zero, a call runs without taking gobreaker's
+// lock, and only a failure is handed to gobreaker. The counts gobreaker
+// reports then leave out those successes and ignored calls (Requests,
+// TotalSuccesses, ConsecutiveSuccesses, TotalExclusions); the failures, and
+// every transition, are exactly gobreaker's.
 type Breaker struct {
 	scope string
-	cb    *gobreaker.CircuitBreaker[struct{}]
+	cb    *gobreaker.TwoStepCircuitBreaker[struct{}]
 	// state mirrors the gobreaker state as of its last transition. gobreaker
 	// moves from open to half-open lazily, inside the next request.
 	state atomic.Int32
@@ -122,7 +122,7 @@ func New(scope string, s Settings) (*Breaker, error) {
 // newBreaker builds a breaker from validated settings with defaults filled.
 func newBreaker(scope string, s Settings) *Breaker {
 	b := &Breaker{scope: scope, fast: s.FailureRatio == 0}
-	b.cb = gobreaker.NewCircuitBreaker[struct{}](gobreakerSettings(scope, s, func(to State) { b.state.Store(int32(to)) }))
+	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreakerSettings(scope, s, func(to State) { b.state.Store(int32(to)) }))
 	return b
 }
 
@@ -179,6 +179,38 @@ func (b *Breaker) quiet() bool {
 	return b.fast && State(b.state.Load()) == Closed && b.quietAt.Load() == b.failuresBegun.Load()
 }
 
+// admit asks gobreaker to let a call through. It returns gobreaker's done
+// and whether the call is a probe, or the refusal as an [*OpenError].
+func (b *Breaker) admit() (done func(error), probe bool, err error) {
+	done, err = b.cb.Allow()
+	switch {
+	case errors.Is(err, gobreaker.ErrOpenState):
+		return nil, false, &OpenError{Scope: b.scope, State: Open}
+	case errors.Is(err, gobreaker.ErrTooManyRequests):
+		return nil, false, &OpenError{Scope: b.scope, State: HalfOpen}
+	case err != nil:
+		return nil, false, err
+	}
+	// gobreaker moved an open breaker to half-open, if it was due, inside
+	// Allow, and told the mirror before returning.
+	return done, State(b.state.Load()) != Closed, nil
+}
+
+// report hands gobreaker the verdict of a call it admitted.
+func (b *Breaker) report(done func(error), v herdguard.Verdict) {
+	switch v {
+	case herdguard.Failure:
+		b.failuresBegun.Add(1)
+		done(errFailure)
+		b.failuresDone.Add(1)
+	case herdguard.Ignored:
+		done(errExcluded)
+	default:
+		done(nil)
+		b.noteSuccess()
+	}
+}
+
 // lateFailure hands gobreaker the failure of a call that ran without it. As
 // gobreaker drops the results of calls made before its last transition, a
 // call that ends after the breaker left the closed state counts for nothing.
@@ -188,13 +220,15 @@ func (b *Breaker) lateFailure() {
 	if State(b.state.Load()) != Closed {
 		return
 	}
-	// The verdict goes in; nothing comes out but the verdict itself.
-	_, _ = b.cb.Execute(func() (struct{}, error) {
-		if State(b.state.Load()) != Closed {
-			return struct{}{}, errExcluded
-		}
-		return struct{}{}, errFailure
-	})
+	done, err := b.cb.Allow()
+	if err != nil {
+		return
+	}
+	if State(b.state.Load()) != Closed {
+		done(errExcluded)
+		return
+	}
+	done(errFailure)
 }
 
 // noteSuccess is called after gobreaker counted a success. If no failure is
@@ -232,7 +266,8 @@ func (b *Breaker) executeQuiet(fn func(probe bool) herdguard.Verdict) (after Sta
 
 // Execute runs fn if the breaker lets the call through, and records the
 // verdict fn returns. probe is true when the call goes through a half-open
-// breaker; the caller should then make a single attempt.
+// breaker; the caller should then make a single attempt. A call that panics
+// counts as a failure, as in gobreaker, and the panic goes on.
 //
 // It returns the breaker's state as seen just before and just after the call
 // (they differ when the call, or a concurrent one, moved the breaker) and,
@@ -242,100 +277,48 @@ func (b *Breaker) Execute(fn func(probe bool) herdguard.Verdict) (before, after 
 	if b.quiet() {
 		return before, b.executeQuiet(fn), nil
 	}
-	var (
-		v       herdguard.Verdict
-		failing bool // this call's failure was announced in failuresBegun
-	)
+	done, probe, err := b.admit()
+	if err != nil {
+		return before, State(b.state.Load()), err
+	}
+	returned := false
 	defer func() {
-		if failing {
-			b.failuresDone.Add(1)
+		if !returned {
+			b.report(done, herdguard.Failure)
 		}
 	}()
-	_, err = b.cb.Execute(func() (struct{}, error) {
-		returned := false
-		defer func() {
-			if !returned { // fn panicked: gobreaker counts a failure
-				failing = true
-				b.failuresBegun.Add(1)
-			}
-		}()
-		v = fn(State(b.state.Load()) != Closed)
-		returned = true
-		switch v {
-		case herdguard.Failure:
-			failing = true
-			b.failuresBegun.Add(1)
-			return struct{}{}, errFailure
-		case herdguard.Ignored:
-			return struct{}{}, errExcluded
-		}
-		return struct{}{}, nil
-	})
-	after = State(b.state.Load())
-	switch {
-	case errors.Is(err, gobreaker.ErrOpenState):
-		return before, after, &OpenError{Scope: b.scope, State: Open}
-	case errors.Is(err, gobreaker.ErrTooManyRequests):
-		return before, after, &OpenError{Scope: b.scope, State: HalfOpen}
-	}
-	if v == herdguard.Success {
-		b.noteSuccess()
-	}
-	return before, after, nil
+	v := fn(probe)
+	returned = true
+	b.report(done, v)
+	return before, State(b.state.Load()), nil
 }
 
-// Allow asks to start a call whose result is known only later, such as a
-// stream's. If the breaker lets it through, done must be called once with
-// the call's verdict, and returns once the breaker has counted it; a second
-// call does nothing. If ctx ends first, the call counts as Ignored. probe is
+// Allow asks to start a call whose verdict is known only later, such as a
+// stream's. If the breaker lets it through, done must be called with the
+// call's verdict once the verdict is known; the breaker has counted it when
+// done returns, and later calls of done do nothing. Until then the call
+// holds its place: a half-open breaker counts it among its probes. probe is
 // true when the call goes through a half-open breaker. A refused call gets
 // an [*OpenError].
 //
 // A quiet breaker (closed, no failure on its run; see [Breaker]) lets the
-// call through at once and hears only a failure. Otherwise, as gobreaker's
-// two-step breaker keeps its own private state and so cannot share a
-// breaker with [Breaker.Execute], Allow holds one gobreaker request open in
-// a goroutine that lives until done is called or ctx ends.
-func (b *Breaker) Allow(ctx context.Context) (done func(herdguard.Verdict), probe bool, err error) {
+// call through at once and hears only a failure.
+func (b *Breaker) Allow() (done func(herdguard.Verdict), probe bool, err error) {
+	var called atomic.Bool
 	if b.quiet() {
-		var once sync.Once
 		return func(v herdguard.Verdict) {
-			once.Do(func() {
-				if v == herdguard.Failure && ctx.Err() == nil {
-					b.lateFailure()
-				}
-			})
+			if !called.Swap(true) && v == herdguard.Failure {
+				b.lateFailure()
+			}
 		}, false, nil
 	}
-	admitted := make(chan bool, 1)
-	refused := make(chan error, 1)
-	result := make(chan herdguard.Verdict, 1)
-	counted := make(chan struct{})
-	go func() {
-		defer close(counted)
-		_, _, err := b.Execute(func(p bool) herdguard.Verdict {
-			admitted <- p
-			select {
-			case v := <-result:
-				return v
-			case <-ctx.Done():
-				return herdguard.Ignored
-			}
-		})
-		if err != nil {
-			refused <- err
-		}
-	}()
-	select {
-	case probe = <-admitted:
-	case err = <-refused:
+	gdone, probe, err := b.admit()
+	if err != nil {
 		return nil, false, err
 	}
-	var once sync.Once
 	return func(v herdguard.Verdict) {
-		once.Do(func() {
-			result <- v
-			<-counted
-		})
+		if !called.Swap(true) {
+			b.report(gdone, v)
+		}
 	}, probe, nil
 }

@@ -1,7 +1,6 @@
 package breaker_test
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"sync"
@@ -312,22 +311,20 @@ func TestStrings(t *testing.T) {
 func TestAllowCountsTheLaterVerdict(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 2, OpenTimeout: time.Second})
-		ctx := t.Context()
-		for range 2 {
-			done, probe, err := b.Allow(ctx)
-			if err != nil || probe {
-				t.Fatalf("Allow on a closed breaker: probe=%v err=%v", probe, err)
-			}
-			if b.State() != breaker.Closed {
-				t.Fatal("the breaker moved before the verdict came")
-			}
-			done(herdguard.Failure)
-			done(herdguard.Failure) // a second call does nothing
+		run(t, b, herdguard.Failure) // a run of one failure: Allow goes through gobreaker
+		done, probe, err := b.Allow()
+		if err != nil || probe {
+			t.Fatalf("Allow on a closed breaker: probe=%v err=%v", probe, err)
 		}
+		if b.State() != breaker.Closed {
+			t.Fatal("the breaker moved before the verdict came")
+		}
+		done(herdguard.Failure)
+		done(herdguard.Failure) // a second call does nothing
 		if got := b.State(); got != breaker.Open {
-			t.Fatalf("after 2 failed streams: state %v, want open", got)
+			t.Fatalf("after 2 failed calls: state %v, want open", got)
 		}
-		if _, _, err := b.Allow(ctx); !errors.Is(err, breaker.ErrOpen) {
+		if _, _, err := b.Allow(); !errors.Is(err, breaker.ErrOpen) {
 			t.Fatalf("Allow on an open breaker: %v, want ErrOpen", err)
 		}
 		// the same breaker refuses unary calls too
@@ -335,12 +332,15 @@ func TestAllowCountsTheLaterVerdict(t *testing.T) {
 			t.Fatal("Execute ran through a breaker that streams opened")
 		}
 		time.Sleep(time.Second + time.Nanosecond)
-		done, probe, err := b.Allow(ctx)
+		done, probe, err = b.Allow()
 		if err != nil || !probe {
 			t.Fatalf("after OpenTimeout: probe=%v err=%v, want a probe", probe, err)
 		}
-		if _, _, err := b.Allow(ctx); err == nil {
+		if _, _, err := b.Allow(); err == nil {
 			t.Fatal("a second stream got through while the only probe is pending")
+		}
+		if ran, _, _ := run(t, b, herdguard.Success); ran {
+			t.Fatal("a unary call got through while the only probe is pending")
 		}
 		done(herdguard.Success) // counted when done returns
 		if got := b.State(); got != breaker.Closed {
@@ -349,23 +349,26 @@ func TestAllowCountsTheLaterVerdict(t *testing.T) {
 	})
 }
 
-func TestAllowEndsWithTheContext(t *testing.T) {
+func TestAllowIgnoredFreesTheProbe(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 2})
-		run(t, b, herdguard.Failure) // a run of one failure: Allow holds a gobreaker request
-		ctx, cancel := context.WithCancel(t.Context())
-		done, _, err := b.Allow(ctx)
-		if err != nil {
-			t.Fatal(err)
+		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Second})
+		run(t, b, herdguard.Failure)
+		time.Sleep(time.Second + time.Nanosecond)
+		done, probe, err := b.Allow()
+		if err != nil || !probe {
+			t.Fatalf("after OpenTimeout: probe=%v err=%v, want a probe", probe, err)
 		}
-		cancel() // abandoned: counts as ignored, and its goroutine ends
-		synctest.Wait()
-		done(herdguard.Failure) // too late: the call was already counted
-		if got := b.State(); got != breaker.Closed {
-			t.Fatalf("an abandoned call moved the breaker to %v", got)
+		done(herdguard.Ignored) // the caller gave up: the probe says nothing
+		if got := b.State(); got != breaker.HalfOpen {
+			t.Fatalf("after an ignored probe: state %v, want half-open", got)
 		}
-		if c := b.Counts(); c.TotalExclusions != 1 || c.ConsecutiveFailures != 1 {
-			t.Errorf("counts %+v, want one exclusion and the run of one failure", c)
+		done, probe, err = b.Allow()
+		if err != nil || !probe {
+			t.Fatalf("after an ignored probe: probe=%v err=%v, want another probe", probe, err)
+		}
+		done(herdguard.Failure)
+		if got := b.State(); got != breaker.Open {
+			t.Fatalf("after a failed probe: state %v, want open", got)
 		}
 	})
 }
@@ -373,18 +376,17 @@ func TestAllowEndsWithTheContext(t *testing.T) {
 func TestAllowOnAQuietBreaker(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 2})
-		ctx, cancel := context.WithCancel(t.Context())
-		done, probe, err := b.Allow(ctx)
+		done, probe, err := b.Allow()
 		if err != nil || probe {
 			t.Fatalf("closed breaker: probe=%v err=%v", probe, err)
 		}
-		cancel()
-		done(herdguard.Failure) // the caller's own cancellation: not the server's fault
+		done(herdguard.Success)
+		done(herdguard.Failure) // too late: the verdict was given
 		if c := b.Counts(); c.TotalFailures != 0 {
-			t.Fatalf("a failure after the stream's context ended was counted: %+v", c)
+			t.Fatalf("a second verdict was counted: %+v", c)
 		}
 		for i := range 2 {
-			done, _, err := b.Allow(t.Context())
+			done, _, err := b.Allow()
 			if err != nil {
 				t.Fatalf("stream %d refused: %v", i+1, err)
 			}

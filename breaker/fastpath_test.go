@@ -179,9 +179,12 @@ func TestExecuteQuietAllocatesNothing(t *testing.T) {
 	if !b.quiet() {
 		t.Fatal("a breaker with only successes is not quiet")
 	}
+	// Through gobreaker, its two-step breaker makes one closure per call:
+	// the price of one breaker that unary calls and streams share without a
+	// goroutine per stream.
 	ratio := newBreaker("x", Settings{FailureRatio: 0.5}.WithDefaults())
-	if n := testing.AllocsPerRun(100, func() { ratio.Execute(fn) }); n != 0 || ratio.quiet() {
-		t.Errorf("Execute through gobreaker: %v allocations, want 0 (quiet=%v)", n, ratio.quiet())
+	if n := testing.AllocsPerRun(100, func() { ratio.Execute(fn) }); n != 1 || ratio.quiet() {
+		t.Errorf("Execute through gobreaker: %v allocations, want 1 (quiet=%v)", n, ratio.quiet())
 	}
 	_, _, err := b.Execute(func(bool) herdguard.Verdict { return herdguard.Failure })
 	if err != nil || b.quiet() {

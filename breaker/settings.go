@@ -5,6 +5,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/herdguard/herdguard"
 )
 
 // Defaults that a zero field of [Settings] stands for.
@@ -76,6 +78,26 @@ type Settings struct {
 	HalfOpenMaxRequests uint32
 	// Scope says which calls share a breaker. The zero value is PerTarget.
 	Scope Scope
+	// Verdict, if set, says what a finished call's error tells the breaker:
+	// Success (the server answered; the fault is the caller's), Failure (the
+	// server is failing or unreachable) or Ignored (nothing either way). nil
+	// means [herdguard.BreakerVerdict] of the error's status code, the table
+	// in package herdguard. Use it to keep codes that are not the server's
+	// fault out of the count, such as one tenant's ResourceExhausted quota:
+	//
+	//	Verdict: func(err error) herdguard.Verdict {
+	//		if status.Code(err) == codes.ResourceExhausted {
+	//			return herdguard.Ignored
+	//		}
+	//		return herdguard.BreakerVerdict(status.Code(err))
+	//	},
+	//
+	// The interceptor calls it with the final error of every failed call,
+	// except calls that say nothing of the server by themselves: those the
+	// caller cancelled, and those whose deadline ran out while no attempt was
+	// in flight (during a backoff wait, or before the first attempt). It must
+	// be quick and safe for concurrent use.
+	Verdict func(err error) herdguard.Verdict
 	// OnStateChange, if set, is called on every transition with the scope
 	// name (the target, or the target followed by the full method). It runs
 	// while the breaker is locked: it must return quickly and must not call
