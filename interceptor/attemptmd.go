@@ -39,10 +39,11 @@ func attemptNumberContext(n int) context.Context {
 
 // attemptContext is a caller's context that carries no outgoing metadata,
 // with the attempt number added as its outgoing metadata: the metadata is
-// looked up in number, every other value in the caller's context.
+// looked up in number, every other value in the caller's context. Each is
+// made for one attempt and never changed.
 type attemptContext struct {
 	context.Context
-	number context.Context // one of attemptNumbers
+	number context.Context // one of attemptNumbers, or made like them
 }
 
 // Value returns the attempt number's outgoing metadata for gRPC's key, and
@@ -54,33 +55,37 @@ func (c *attemptContext) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// retryMetadata numbers the retries of one unary call. One outgoing context
-// serves every retry: gRPC reads the outgoing metadata as an attempt starts,
-// and the number changes only once the attempt before has returned. If the
-// caller sent no metadata of its own, that costs one allocation per call;
-// otherwise the caller's metadata is copied once and numbered in place.
-type retryMetadata struct {
-	ctx context.Context
-	own *attemptContext // the caller sent no metadata
-	md  metadata.MD     // else: a copy of the caller's, which ctx carries
+// retryNumbers numbers the retries of one call. If the caller sent no
+// metadata of its own, each retry gets a context that answers gRPC's
+// metadata lookup from one made once per attempt number; they are made four
+// at a time, so a call that retries up to four times allocates once. Each is
+// set before its attempt and never changed after. If the caller sent
+// metadata, each retry appends the number to it, never changing it in place.
+type retryNumbers struct {
+	checked, callerMD bool
+	spare             []attemptContext
 }
 
-// numbered returns ctx with outgoing metadata that numbers attempt n (n >= 2).
-func (r *retryMetadata) numbered(ctx context.Context, n int) context.Context {
-	if r.ctx == nil {
-		if md, ok := metadata.FromOutgoingContext(ctx); ok {
-			r.md, r.ctx = md, metadata.NewOutgoingContext(ctx, md)
-		} else {
-			r.own = &attemptContext{Context: ctx}
-			r.ctx = r.own
-		}
+// context returns ctx numbered as attempt n (n >= 2).
+func (r *retryNumbers) context(ctx context.Context, n int) context.Context {
+	if !r.checked {
+		_, r.callerMD = metadata.FromOutgoingContext(ctx)
+		r.checked = true
 	}
-	if r.own == nil {
-		r.md[AttemptMetadataKey] = attemptValue(n)
-	} else if n < len(attemptNumbers) {
-		r.own.number = attemptNumbers[n]
+	if r.callerMD {
+		return metadata.AppendToOutgoingContext(ctx, AttemptMetadataKey, attemptValue(n)[0])
+	}
+	var number context.Context
+	if n < len(attemptNumbers) {
+		number = attemptNumbers[n]
 	} else {
-		r.own.number = attemptNumberContext(n)
+		number = attemptNumberContext(n)
 	}
-	return r.ctx
+	if len(r.spare) == 0 {
+		r.spare = make([]attemptContext, 4)
+	}
+	c := &r.spare[0]
+	r.spare = r.spare[1:]
+	c.Context, c.number = ctx, number
+	return c
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
@@ -220,16 +221,21 @@ func TestMetrics(t *testing.T) {
 }
 
 func TestMetricsOffCostNothing(t *testing.T) {
+	ctx := t.Context()
 	ic, err := New(WithoutBreaker())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ic.metering.get() != nil {
-		t.Error("metrics on with the global no-op meter provider")
+	if _, isSet := otel.GetMeterProvider().(*sdkmetric.MeterProvider); !isSet && ic.metering.calls.Enabled(ctx) {
+		t.Error("metrics enabled with no SDK behind the global meter provider")
+	}
+	ic, _ = New(WithMeterProvider(metricnoop.NewMeterProvider()))
+	if ic.metering.calls != nil {
+		t.Error("instruments made from a no-op meter provider")
 	}
 	_, mp := newMetrics()
 	ic, _ = New(WithMeterProvider(mp))
-	if ic.metering.get() == nil {
+	if !ic.metering.calls.Enabled(ctx) {
 		t.Error("metrics off with an SDK meter provider")
 	}
 }

@@ -37,9 +37,10 @@ const (
 	// the method is not marked idempotent (WithIdempotentOnly) and the
 	// request may have reached the server, so it was not repeated.
 	OutcomeNotIdempotent Outcome = "not_idempotent"
-	// OutcomeFailedAfterCommit: a stream failed after it committed (the
-	// caller had headers or a message, or the replay buffer overflowed), so
-	// it was not retried.
+	// OutcomeFailedAfterCommit: the call failed after it committed, so it
+	// was not retried: the server had sent response headers (gRFC A6), or,
+	// for a stream, the caller had a message, called Context, or the replay
+	// buffer overflowed.
 	OutcomeFailedAfterCommit Outcome = "failed_after_commit"
 	// OutcomeInvalidCallOption: a call option held an invalid value;
 	// nothing was sent.
@@ -53,7 +54,9 @@ const (
 // errors.Unwrap returns it, and status.Code and status.FromError report its
 // status unchanged.
 //
-// A call that failed with a code the policy does not retry, or that the
+// A call that failed with a code the policy does not retry, that was not
+// allowed to retry at all (a single attempt: NoRetry, MaxAttempts 1, a
+// half-open breaker's probe), that failed after it committed, or that the
 // caller cancelled, returns the attempt's error as it is.
 type RetryError struct {
 	// Attempts is how many attempts were sent, the first included.

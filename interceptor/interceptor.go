@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
+	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/budget"
 	"github.com/herdguard/herdguard/internal/cow"
@@ -19,9 +20,10 @@ import (
 // and its breakers are shared by every connection it is installed on.
 type Interceptor struct {
 	policy   *resolved
-	methods  map[string]*resolved // exact "/pkg.Svc/Method"
-	services map[string]*resolved // "/pkg.Svc/"
-	breakers *breaker.Group       // nil without a breaker
+	methods  map[string]*resolved          // exact "/pkg.Svc/Method"
+	services map[string]*resolved          // "/pkg.Svc/"
+	breakers *breaker.Group                // nil without a breaker
+	classify func(error) herdguard.Verdict // the breaker's Verdict; nil: the table
 	tracing  tracing
 	clock    clock
 	rand     func() float64
@@ -125,16 +127,14 @@ func New(opts ...Option) (*Interceptor, error) {
 			if user != nil {
 				user(scope, from, to)
 			}
-			// the breaker is locked here: read the instruments as they are
-			if m := ic.metering.current(); m != nil {
-				m.transition(scope, from, to)
-			}
+			ic.metering.transition(scope, from, to)
 		}
 		g, err := breaker.NewGroup(settings)
 		if err != nil { // validate has checked; kept so no error is dropped
 			return nil, err
 		}
 		ic.breakers = g
+		ic.classify = settings.Verdict
 	}
 	ic.metering.init(c.mp, ic.breakers)
 	return ic, nil
@@ -143,11 +143,17 @@ func New(opts ...Option) (*Interceptor, error) {
 // DialOptions returns the options that install the interceptor on a
 // connection: grpc.NewClient(target, ic.DialOptions()...). They chain, so
 // interceptors given before them run once per call, and those given after
-// them run once per attempt.
+// them run once per attempt. They also turn off gRPC's own retry
+// (grpc.WithDisableRetry), which a service config from
+// grpc.WithDefaultServiceConfig, DNS or xDS would otherwise run inside every
+// herdguard attempt; gRPC's transparent retry of requests that never
+// reached a server stays on. Whoever installs Unary and Stream by hand must
+// add grpc.WithDisableRetry() too.
 func (ic *Interceptor) DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(ic.Unary()),
 		grpc.WithChainStreamInterceptor(ic.Stream()),
+		grpc.WithDisableRetry(),
 	}
 }
 

@@ -2,7 +2,6 @@ package interceptor
 
 import (
 	"context"
-	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -28,25 +27,18 @@ const (
 	AttrBudgetKind = attribute.Key("herdguard.budget")
 )
 
-// metering finds the instruments for each call. Like tracing, it follows
-// the global provider when none is given, and reports metrics off when the
-// provider is a no-op, so calls skip all metric work.
+// metering holds the instruments, made once in New from the meter provider
+// given, or from the global provider as it is then (which, before an SDK is
+// installed, forwards to the first one installed later, as otelgrpc relies
+// on). Each measurement first asks its instrument whether it is Enabled, so
+// that with no SDK, or a view that drops it, a call does no metric work.
+// With a no-op provider there are no instruments at all.
 type metering struct {
-	fixed    bool
-	cur      atomic.Pointer[meterSnapshot]
-	breakers *breaker.Group // observed by the state gauge; nil without a breaker
-}
-
-type meterSnapshot struct {
-	mp          metric.MeterProvider
-	cmp         bool // mp's type is comparable
-	on          bool
-	attempts    metric.Int64Counter
+	attempts    metric.Int64Counter // nil: metrics off
 	delay       metric.Float64Histogram
 	calls       metric.Int64Counter
 	transitions metric.Int64Counter
 	refusals    metric.Int64Counter
-	gauge       metric.Registration
 
 	// measurement options per attribute combination, made once each
 	attemptOpts cow.Map[attemptKey, metric.MeasurementOption]
@@ -66,59 +58,12 @@ type callKey struct {
 }
 
 func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group) {
-	m.breakers = breakers
-	if mp != nil && !isGlobalDelegate(mp) {
-		m.fixed = true
-	} else {
+	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	m.cur.Store(m.newSnapshot(mp))
-}
-
-// current returns the instruments as they are, without following a new
-// global provider; for callers that hold locks.
-func (m *metering) current() *meterSnapshot {
-	if s := m.cur.Load(); s.on {
-		return s
-	}
-	return nil
-}
-
-// get returns this call's instruments, or nil when metrics are off.
-func (m *metering) get() *meterSnapshot {
-	s := m.cur.Load()
-	if !m.fixed {
-		if mp := otel.GetMeterProvider(); !sameProvider(mp, s.mp, s.cmp) {
-			next := m.newSnapshot(mp)
-			if m.cur.CompareAndSwap(s, next) {
-				if s.gauge != nil {
-					_ = s.gauge.Unregister()
-				}
-				s = next
-			} else if next.gauge != nil {
-				_ = next.gauge.Unregister()
-				s = m.cur.Load()
-			}
-		}
-	}
-	if !s.on {
-		return nil
-	}
-	return s
-}
-
-func isNoopMeter(mp metric.MeterProvider) bool {
 	switch mp.(type) {
-	case nil, noop.MeterProvider, *noop.MeterProvider:
-		return true
-	}
-	return isGlobalDelegate(mp)
-}
-
-func (m *metering) newSnapshot(mp metric.MeterProvider) *meterSnapshot {
-	s := &meterSnapshot{mp: mp, cmp: comparable(mp), on: !isNoopMeter(mp)}
-	if !s.on {
-		return s
+	case noop.MeterProvider, *noop.MeterProvider:
+		return
 	}
 	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version))
 	var err error
@@ -127,29 +72,29 @@ func (m *metering) newSnapshot(mp metric.MeterProvider) *meterSnapshot {
 			err = e
 		}
 	}
-	s.attempts, err = meter.Int64Counter(MetricAttempts, metric.WithUnit("{attempt}"),
-		metric.WithDescription("Attempts sent, by method, status code and whether the attempt was a retry."))
 	var e error
-	s.delay, e = meter.Float64Histogram(MetricRetryDelay, metric.WithUnit("s"),
+	m.attempts, e = meter.Int64Counter(MetricAttempts, metric.WithUnit("{attempt}"),
+		metric.WithDescription("Attempts sent, by method, status code and whether the attempt was a retry."))
+	report(e)
+	m.delay, e = meter.Float64Histogram(MetricRetryDelay, metric.WithUnit("s"),
 		metric.WithDescription("Wait before each retry."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 	report(e)
-	s.calls, e = meter.Int64Counter(MetricCalls, metric.WithUnit("{call}"),
+	m.calls, e = meter.Int64Counter(MetricCalls, metric.WithUnit("{call}"),
 		metric.WithDescription("Calls finished, by method and herdguard.outcome."))
 	report(e)
-	s.transitions, e = meter.Int64Counter(MetricBreakerTransitions, metric.WithUnit("{transition}"),
+	m.transitions, e = meter.Int64Counter(MetricBreakerTransitions, metric.WithUnit("{transition}"),
 		metric.WithDescription("Circuit breaker state changes, by scope, from and to."))
 	report(e)
-	s.refusals, e = meter.Int64Counter(MetricBudgetRefusals, metric.WithUnit("{retry}"),
+	m.refusals, e = meter.Int64Counter(MetricBudgetRefusals, metric.WithUnit("{retry}"),
 		metric.WithDescription("Retries the retry budget or throttling refused, by method and budget."))
 	report(e)
 	gauge, e := meter.Int64ObservableGauge(MetricBreakerState, metric.WithUnit("1"),
 		metric.WithDescription("Circuit breaker state per scope: 0 closed, 1 half-open, 2 open."))
 	report(e)
-	if e == nil && m.breakers != nil {
-		g := m.breakers
-		s.gauge, e = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-			g.Each(func(b *breaker.Breaker) {
+	if e == nil && breakers != nil {
+		_, e = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+			breakers.Each(func(b *breaker.Breaker) {
 				o.ObserveInt64(gauge, int64(b.LastState()), metric.WithAttributes(AttrBreakerScope.String(b.Scope())))
 			})
 			return nil
@@ -159,37 +104,54 @@ func (m *metering) newSnapshot(mp metric.MeterProvider) *meterSnapshot {
 	if err != nil {
 		otel.Handle(err)
 	}
-	return s
 }
 
-func (s *meterSnapshot) attempt(ctx context.Context, method string, code codes.Code, retry bool) {
-	opt := s.attemptOpts.Get(attemptKey{method, code, retry}, func() metric.MeasurementOption {
+func (m *metering) attempt(ctx context.Context, method string, code codes.Code, retry bool) {
+	if m.attempts == nil || !m.attempts.Enabled(ctx) {
+		return
+	}
+	opt := m.attemptOpts.Get(attemptKey{method, code, retry}, func() metric.MeasurementOption {
 		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)),
 			semconv.RPCResponseStatusCode(canonicalCode(code)), AttrRetry.Bool(retry)))
 	})
-	s.attempts.Add(ctx, 1, opt)
+	m.attempts.Add(ctx, 1, opt)
 }
 
-func (s *meterSnapshot) call(ctx context.Context, method string, outcome Outcome) {
-	opt := s.callOpts.Get(callKey{method, outcome}, func() metric.MeasurementOption {
+func (m *metering) call(ctx context.Context, method string, outcome Outcome) {
+	if m.calls == nil || !m.calls.Enabled(ctx) {
+		return
+	}
+	opt := m.callOpts.Get(callKey{method, outcome}, func() metric.MeasurementOption {
 		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)), AttrOutcome.String(string(outcome))))
 	})
-	s.calls.Add(ctx, 1, opt)
+	m.calls.Add(ctx, 1, opt)
 }
 
-func (s *meterSnapshot) retryDelay(ctx context.Context, method string, seconds float64) {
-	opt := s.delayOpts.Get(method, func() metric.MeasurementOption {
+func (m *metering) retryDelay(ctx context.Context, method string, seconds float64) {
+	if m.delay == nil || !m.delay.Enabled(ctx) {
+		return
+	}
+	opt := m.delayOpts.Get(method, func() metric.MeasurementOption {
 		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method))))
 	})
-	s.delay.Record(ctx, seconds, opt)
+	m.delay.Record(ctx, seconds, opt)
 }
 
-func (s *meterSnapshot) refusal(ctx context.Context, method, kind string) {
-	s.refusals.Add(ctx, 1, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), AttrBudgetKind.String(kind)))
+func (m *metering) refusal(ctx context.Context, method, kind string) {
+	if m.refusals == nil || !m.refusals.Enabled(ctx) {
+		return
+	}
+	m.refusals.Add(ctx, 1, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), AttrBudgetKind.String(kind)))
 }
 
-func (s *meterSnapshot) transition(scope string, from, to breaker.State) {
-	s.transitions.Add(context.Background(), 1, metric.WithAttributes(AttrBreakerScope.String(scope),
+// transition counts a breaker's state change. It runs while the breaker is
+// locked.
+func (m *metering) transition(scope string, from, to breaker.State) {
+	ctx := context.Background()
+	if m.transitions == nil || !m.transitions.Enabled(ctx) {
+		return
+	}
+	m.transitions.Add(ctx, 1, metric.WithAttributes(AttrBreakerScope.String(scope),
 		AttrBreakerFrom.String(from.String()), AttrBreakerTo.String(to.String())))
 }
 

@@ -132,10 +132,16 @@ func WithRetryBudget(b policy.Budget) Option {
 // read and how herdguard differs from gRPC). The default method config acts
 // as WithPolicy, service and method configs as WithMethodPolicy, and
 // retryThrottling as WithRetryThrottling; options given later override
-// them. An invalid config makes New fail, naming the JSON path and value.
+// them. As in gRPC, once a config names any method config, a method it does
+// not cover makes a single attempt: with no default (nameless) method
+// config, the config acts as WithPolicy(policy.Policy{MaxAttempts: 1}). A
+// config without methodConfig leaves the policies as they were. An invalid
+// config makes New fail, naming the JSON path and value.
 //
-// Give the config to herdguard only, not also to grpc.WithDefaultServiceConfig,
-// or gRPC's own retry runs inside herdguard's.
+// Give the same config to gRPC too, with grpc.WithDefaultServiceConfig, for
+// what herdguard does not read (waitForReady, message size limits, load
+// balancing): [Interceptor.DialOptions] turns gRPC's own retry off, so its
+// retryPolicy does not run inside herdguard's attempts.
 func WithServiceConfig(json string) Option {
 	return optionFunc(func(c *config) {
 		sc, err := policy.ParseServiceConfig([]byte(json))
@@ -145,8 +151,11 @@ func WithServiceConfig(json string) Option {
 			}
 			return
 		}
-		if sc.Default != nil {
+		switch {
+		case sc.Default != nil:
 			WithPolicy(*sc.Default).apply(c)
+		case len(sc.Services) > 0 || len(sc.Methods) > 0:
+			WithPolicy(policy.Policy{MaxAttempts: 1}).apply(c)
 		}
 		for svc, p := range sc.Services {
 			WithMethodPolicy("/"+svc+"/", p).apply(c)

@@ -18,11 +18,24 @@ type backoffState struct {
 	timer   timer         // made on the first wait, then reset
 
 	method string
-	lim    *limits        // the target's budgets; nil when none is on
-	meter  *meterSnapshot // nil when metrics are off
+	lim    *limits // the target's budgets; nil when none is on
 	// unsafe is true when only attempts that never reached the server may
 	// be repeated (WithIdempotentOnly, and the method is not idempotent).
 	unsafe bool
+}
+
+// attemptEnd is what a failed attempt tells the retry decision.
+type attemptEnd struct {
+	n        int   // the attempt's number, from 1
+	err      error // its error
+	timedOut bool  // it ran out of its PerAttemptTimeout
+	// trailer is its trailer, where a pushback would be; nil when not caught.
+	trailer metadata.MD
+	// reached is false when the attempt provably never reached the server.
+	reached bool
+	// headers is true when the server sent response headers: gRFC A6
+	// commits the call to this attempt, so it is never repeated.
+	headers bool
 }
 
 // decision is what follows a failed attempt: a wait and another attempt,
@@ -35,62 +48,81 @@ type decision struct {
 	err     error
 }
 
-// decide says what follows attempt number attempt, which failed with err.
-// timedOut reports that the attempt ran out of its PerAttemptTimeout; trailer
-// is the attempt's trailer (nil when not caught); reached is false when the
-// attempt provably never reached the server. Unary calls and streams share
-// it, so both retry by exactly the same rules.
-func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState, attempt, maxAttempts int, err error, timedOut bool, trailer metadata.MD, reached bool) decision {
+// decide says what follows a failed attempt. Unary calls and streams share
+// it, so both retry by exactly the same rules, in gRPC's order: a call that
+// may not be retried at all (one attempt allowed) ends with the attempt's
+// error as it is and takes no throttling token; a pushback that says stop
+// takes a token, whatever the code; a retryable code takes a token, and then
+// the attempts, the throttling, the deadline and the ratio budget may each
+// stop the call.
+func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState, maxAttempts int, e attemptEnd) decision {
 	if ctxErr := ctx.Err(); ctxErr != nil {
-		return decision{outcome: contextOutcome(ctxErr), err: err}
+		return decision{outcome: contextOutcome(ctxErr), err: e.err}
 	}
-	code := status.Code(err)
-	if !p.retryableCode(code) && !(timedOut && code == codes.DeadlineExceeded) {
-		return decision{outcome: OutcomeNotRetryable, err: err}
+	if e.headers {
+		return decision{outcome: OutcomeFailedAfterCommit, err: e.err}
 	}
-	if bs.unsafe && reached {
-		return decision{outcome: OutcomeNotIdempotent, err: err}
+	code := status.Code(e.err)
+	retryable := p.retryableCode(code) || e.timedOut && code == codes.DeadlineExceeded
+	if maxAttempts <= 1 {
+		if !retryable {
+			return decision{outcome: OutcomeNotRetryable, err: e.err}
+		}
+		return decision{outcome: OutcomeExhausted, err: e.err}
 	}
-	throttled := false
-	if bs.lim != nil && bs.lim.throttle != nil {
-		throttled = !bs.lim.throttle.Failure() // every retryable failure takes a token
+	wait, ok, present := pushback(e.trailer)
+	if present && !ok {
+		bs.throttleFailure() // gRPC counts a refused pushback as a failure
+		if !retryable {
+			return decision{outcome: OutcomeNotRetryable, err: e.err}
+		}
+		return stop(OutcomePushbackStop, e.n, e.err)
 	}
-	if attempt >= maxAttempts {
-		return stop(OutcomeExhausted, attempt, err)
+	if !retryable {
+		return decision{outcome: OutcomeNotRetryable, err: e.err}
+	}
+	if bs.unsafe && e.reached {
+		return decision{outcome: OutcomeNotIdempotent, err: e.err}
+	}
+	throttled := !bs.throttleFailure() // every retryable failure takes a token
+	if e.n >= maxAttempts {
+		return stop(OutcomeExhausted, e.n, e.err)
 	}
 	if throttled {
-		return bs.refuse(ctx, "throttling", attempt, err)
+		return ic.refuse(ctx, bs, "throttling", e)
 	}
 	d := decision{retry: true, jitter: p.p.Jitter.String()}
-	if ms, ok, present := pushback(trailer); present {
-		if !ok {
-			return stop(OutcomePushbackStop, attempt, err)
-		}
+	if present {
 		// gRFC A6: wait as told, then start the backoff afresh.
-		d.wait, d.jitter, bs.retries, bs.prev = ms, "pushback", 0, 0
+		d.wait, d.jitter, bs.retries, bs.prev = wait, "pushback", 0, 0
 	} else {
 		bs.retries++
 		d.wait = p.p.Backoff(bs.retries, bs.prev, ic.rand())
 		bs.prev = d.wait
 	}
 	if deadline, ok := ctx.Deadline(); ok && ic.clock.Now().Add(d.wait).After(deadline) {
-		return stop(OutcomeDeadline, attempt, err)
+		return stop(OutcomeDeadline, e.n, e.err)
 	}
 	if bs.lim != nil && bs.lim.ratio != nil && !bs.lim.ratio.TryRetry() {
-		return bs.refuse(ctx, "ratio", attempt, err)
+		return ic.refuse(ctx, bs, "ratio", e)
 	}
-	if bs.meter != nil {
-		bs.meter.retryDelay(ctx, bs.method, d.wait.Seconds())
-	}
+	ic.metering.retryDelay(ctx, bs.method, d.wait.Seconds())
 	return d
 }
 
 // refuse ends a call whose retry a budget refused, and counts the refusal.
-func (bs *backoffState) refuse(ctx context.Context, kind string, attempt int, err error) decision {
-	if bs.meter != nil {
-		bs.meter.refusal(ctx, bs.method, kind)
+func (ic *Interceptor) refuse(ctx context.Context, bs *backoffState, kind string, e attemptEnd) decision {
+	ic.metering.refusal(ctx, bs.method, kind)
+	return stop(OutcomeBudgetExhausted, e.n, e.err)
+}
+
+// throttleFailure takes a throttling token, if throttling is on, and
+// reports whether retries are still allowed.
+func (bs *backoffState) throttleFailure() bool {
+	if bs.lim == nil || bs.lim.throttle == nil {
+		return true
 	}
-	return stop(OutcomeBudgetExhausted, attempt, err)
+	return bs.lim.throttle.Failure()
 }
 
 // started records a call's first attempt with the budgets.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
@@ -53,6 +54,53 @@ func TestWithServiceConfig(t *testing.T) {
 	call(t, srv.Client(t, ic.DialOptions()...))
 	if d := srv.Requests() - n; d != 2 {
 		t.Errorf("server saw %d attempts, want 2 from the later WithMethodPolicy", d)
+	}
+}
+
+// TestServiceConfigLeavesOtherMethodsAlone: as in gRPC, a method that no
+// method config covers makes a single attempt, while gRPC's own retry runs
+// beside it as a control.
+func TestServiceConfigLeavesOtherMethodsAlone(t *testing.T) {
+	const sc = `{"methodConfig": [{"name": [{"service": "grpc.testing.TestService", "method": "EmptyCall"}],
+	   "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
+	     "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`
+	ic, err := New(withClock(newFakeClock()), WithoutBreaker(), WithServiceConfig(sc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []struct {
+		name string
+		dial []grpc.DialOption
+	}{
+		{"grpc", []grpc.DialOption{grpc.WithDefaultServiceConfig(sc)}},
+		{"herdguard", ic.DialOptions()},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			srv := testserver.Start(t, &testserver.Server{Unary: fail(codes.Unavailable).unary, Empty: fail(codes.Unavailable).empty})
+			c := srv.Client(t, mode.dial...)
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			defer cancel()
+			if _, err := c.EmptyCall(ctx, &testgrpc.Empty{}); status.Code(err) != codes.Unavailable {
+				t.Fatalf("EmptyCall: %v", err)
+			}
+			if n := srv.Requests(); n != 3 {
+				t.Errorf("EmptyCall: server saw %d attempts, want the config's 3", n)
+			}
+			if err := call(t, c); status.Code(err) != codes.Unavailable {
+				t.Fatalf("UnaryCall: %v", err)
+			}
+			if n := srv.Requests() - 3; n != 1 {
+				t.Errorf("UnaryCall, named by no method config: server saw %d attempts, want 1", n)
+			}
+		})
+	}
+	// without methodConfig, the config sets no policy
+	ic, err = New(WithServiceConfig(`{"retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ic.policy.p.MaxAttempts; got != policy.DefaultMaxAttempts {
+		t.Errorf("a config with no methodConfig set MaxAttempts %d, want the default %d", got, policy.DefaultMaxAttempts)
 	}
 }
 

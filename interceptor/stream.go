@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
@@ -24,6 +26,10 @@ import (
 // replay until it commits: 256 KiB, as gRPC's own retry keeps.
 const DefaultStreamBuffer = 256 << 10
 
+// frameHeader is the length prefix gRPC puts before every message; the
+// replay buffer counts it, as gRPC's own does.
+const frameHeader = 5
+
 // errAttemptTimeout is the cause with which a stream attempt's context is
 // cancelled when its PerAttemptTimeout passes before the stream commits.
 var errAttemptTimeout = errors.New("herdguard: per-attempt timeout")
@@ -32,13 +38,24 @@ var errAttemptTimeout = errors.New("herdguard: per-attempt timeout")
 // retried as gRFC A6 describes: opening the stream, and any failure with a
 // retryable code before the stream commits, starts a new attempt that
 // replays, in order, the messages sent so far and CloseSend. A stream
-// commits when the caller receives response headers or a response message,
-// or when its replay buffer overflows; after that an error reaches the
-// caller as it is. The caller never sees a message twice.
+// commits when the server's response headers or a message reach it, when
+// the caller calls Context, or when its replay buffer overflows; after that
+// an error reaches the caller as it is. The caller never sees a message
+// twice.
 func (ic *Interceptor) Stream() grpc.StreamClientInterceptor { return ic.stream }
 
 // retryStream is one logical stream: a series of attempts, each a stream
 // from the next streamer, of which the last is current.
+//
+// Every operation goes through one funnel, as grpc-go's clientStream does:
+// until the stream commits, the operation runs against the current attempt
+// outside the lock, and its result is judged under the lock. If the attempt
+// broke, retryLocked decides, waits, and opens and replays the next one, and
+// the operation runs again there; if another goroutine moved to a new
+// attempt meanwhile, the operation simply runs again on that one. The
+// current attempt is never nil, so no operation can find the stream without
+// one: an attempt that failed to open stays current (with no ClientStream)
+// once the stream has ended.
 type retryStream struct {
 	ic       *Interceptor
 	p        *resolved
@@ -51,56 +68,64 @@ type retryStream struct {
 	streamer grpc.Streamer
 	opts     []grpc.CallOption
 	limit    int
-	done     func(herdguard.Verdict) // the breaker's, nil without one
 	probe    bool
-	// breaker is the stream's breaker (nil without one) and breakerState its
-	// state as last seen, to record its changes as span events.
-	breaker      *breaker.Breaker
-	breakerState breaker.State
-	unwatch      func() bool // stops watching the caller's context
+	// breaker is the stream's breaker (nil without one).
+	breaker *breaker.Breaker
 	// cancelTimeout releases the context of the policy's Timeout, if any.
 	cancelTimeout context.CancelFunc
 
 	maxAttempts int
 
-	// mu guards the fields below. It is held while a new attempt starts and
-	// replays, and during the wait before it, so sends wait for the new
-	// attempt; it is never held while an attempt's SendMsg or RecvMsg runs.
-	mu         sync.Mutex
-	a          *streamAttempt
-	attempts   int
-	bs         backoffState
-	committed  bool
-	overflow   bool
-	buf        []buffered
-	bufBytes   int
-	closeSent  bool
-	finished   bool
-	outcome    Outcome
-	sent       int64
-	received   int64
-	replayed   int64
-	replayedSz int64
-}
+	// mu guards the fields below. It is held while the stream decides on a
+	// retry, waits before it, and opens and replays the next attempt, so
+	// that every operation waits for the new attempt; it is never held
+	// while the caller's SendMsg or RecvMsg runs on an attempt.
+	mu           sync.Mutex
+	a            *streamAttempt
+	attempts     int
+	numbers      retryNumbers
+	bs           backoffState
+	committed    bool
+	overflow     bool
+	closeSent    bool
+	finished     bool
+	err          error // the final error once finished; nil: ended OK
+	outcome      Outcome
+	idleDeadline bool // the deadline ran out while no attempt was in flight
+	// breakerDone hears the stream's verdict, once: when the server first
+	// answers, or when the stream ends. nil without a breaker or once told.
+	breakerDone  func(herdguard.Verdict)
+	breakerState breaker.State // as last seen, to record changes as span events
+	unwatch      func() bool   // stops watching the caller's context
 
-// buffered is a sent message kept for replay: gRPC's own encoding of it,
-// so a replay sends the same bytes without encoding again. It is kept by
-// value, one allocation less per message; SendMsg gets a pointer into the
-// buffer, which stays valid if the buffer grows.
-type buffered struct {
-	msg  grpc.PreparedMsg
-	size int
+	// The replay buffer: every message sent before commit, encoded back to
+	// back in buf (ends[i] is where message i ends), all of type msgType,
+	// plus frameHeader bytes each in bufBytes.
+	buf      []byte
+	ends     []int
+	bufBytes int
+	msgType  protoreflect.MessageType
+
+	sent, received, replayed, replayedSz int64
 }
 
 // streamAttempt is one attempt of a stream.
 type streamAttempt struct {
 	n        int
 	cs       grpc.ClientStream // nil when the attempt failed to open
+	live     bool              // the call's context was alive when it started
 	cancel   context.CancelCauseFunc
 	timeout  *time.Timer // cancels the attempt at PerAttemptTimeout until commit
 	timedOut atomic.Bool
 	span     trace.Span
-	ended    bool // its span is ended and it is counted; guarded by mu
+	ended    bool // its span is ended and it is counted; guarded by the stream's mu
+
+	// recvMu serialises RecvMsg on cs until the stream commits, so that a
+	// SendMsg or Header that found the attempt over can learn how it ended
+	// without receiving beside the caller.
+	recvMu   sync.Mutex
+	end      error // how RecvMsg reported the attempt ended (io.EOF: OK)
+	endKnown bool
 }
 
 var _ grpc.ClientStream = (*retryStream)(nil)
@@ -121,9 +146,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		err = status.Error(codes.InvalidArgument, err.Error())
 		s.outcome = OutcomeInvalidCallOption
 		s.endSpan(err)
-		if m := ic.metering.get(); m != nil {
-			m.call(ctx, method, s.outcome)
-		}
+		ic.metering.call(ctx, method, s.outcome)
 		return nil, err
 	}
 	if d := p.p.Timeout; d > 0 {
@@ -137,7 +160,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	if ic.breakers != nil {
 		b := ic.breakers.Get(cc.Target(), method)
 		s.breaker, s.breakerState = b, b.LastState()
-		done, probe, err := b.Allow(ctx)
+		done, probe, err := b.Allow()
 		if err != nil {
 			var oe *breaker.OpenError
 			if s.span != nil && errors.As(err, &oe) {
@@ -148,73 +171,57 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 				s.cancelTimeout()
 			}
 			s.endSpan(err)
-			if m := ic.metering.get(); m != nil {
-				m.call(ctx, method, s.outcome)
-			}
+			ic.metering.call(ctx, method, s.outcome)
 			return nil, err
 		}
-		s.done, s.probe = done, probe
+		s.breakerDone, s.probe = done, probe
 		if probe {
 			s.maxAttempts = 1
 		}
-		s.breakerChanged() // admission may have moved an open breaker to half-open
+		s.breakerChangedLocked() // admission may have moved an open breaker to half-open
 	}
-	s.bs.method, s.bs.lim, s.bs.meter = method, ic.limitsFor(cc.Target()), ic.metering.get()
+	s.bs.method, s.bs.lim = method, ic.limitsFor(cc.Target())
 	s.bs.unsafe = ic.idempotentOnly && !ic.safeToRetry(method)
 	s.ctx = ic.withIdempotencyKey(s.ctx)
 	s.bs.started()
+
 	s.mu.Lock()
-	err = s.retryLocked(nil)
+	a, err := s.startLocked()
+	if err != nil {
+		err = s.retryLocked(a, err)
+	}
+	if err == nil {
+		// Under the lock, so that a context already done cannot finish the
+		// stream before unwatch is set.
+		s.unwatch = context.AfterFunc(s.ctx, s.contextDone)
+	}
 	s.mu.Unlock()
 	if err != nil {
 		s.finish(err)
 		return nil, err
 	}
-	s.unwatch = context.AfterFunc(ctx, func() { s.finish(status.FromContextError(ctx.Err()).Err()) })
 	return s, nil
 }
 
-// retryLocked starts the next attempt, after the current one (if any)
-// failed with err, and replays into it what the caller sent. It returns nil
-// once an attempt runs, or the stream's final error.
-func (s *retryStream) retryLocked(err error) error {
-	for {
-		if a := s.a; a != nil {
-			timedOut := a.timedOut.Load()
-			if timedOut {
-				err = status.Error(codes.DeadlineExceeded, errAttemptTimeout.Error())
-			}
-			var trailer metadata.MD
-			if a.cs != nil {
-				trailer = a.cs.Trailer()
-			}
-			s.endAttempt(a, err)
-			a.release()
-			// an attempt that failed to open never reached the server
-			d := s.ic.decide(s.ctx, s.p, &s.bs, a.n, s.maxAttempts, err, timedOut, trailer, a.cs != nil)
-			if !d.retry {
-				s.outcome = d.outcome
-				return d.err
-			}
-			if perr := s.ic.pause(s.ctx, s.tracer, &s.bs, a.n+1, d); perr != nil {
-				s.outcome = contextOutcome(s.ctx.Err())
-				return perr
-			}
-		}
-		if err = s.startLocked(); err == nil {
-			return nil
-		}
-	}
+// contextDone ends the stream when the caller's context ends first. The
+// current attempt's context is a child of the caller's and ends by itself,
+// with the caller's error: cancelling it here could race the deadline and
+// turn DeadlineExceeded into Canceled.
+func (s *retryStream) contextDone() {
+	s.finishWith(status.FromContextError(s.ctx.Err()).Err(), false)
 }
 
-// startLocked opens a new attempt and replays the buffer into it.
-func (s *retryStream) startLocked() error {
+// startLocked opens a new attempt and replays the buffer into it. It
+// returns the attempt, which is current from then on, and nil once it runs,
+// or the error with which it ended already: it could not open, or it broke
+// during the replay.
+func (s *retryStream) startLocked() (*streamAttempt, error) {
 	s.attempts++
-	a := &streamAttempt{n: s.attempts}
+	a := &streamAttempt{n: s.attempts, live: s.ctx.Err() == nil}
 	s.a = a
 	ctx := s.ctx
 	if a.n > 1 {
-		ctx = metadata.AppendToOutgoingContext(ctx, AttemptMetadataKey, attemptValue(a.n)[0])
+		ctx = s.numbers.context(ctx, a.n)
 	}
 	ctx, a.cancel = context.WithCancelCause(ctx)
 	if d := s.p.p.PerAttemptTimeout; d > 0 {
@@ -228,28 +235,110 @@ func (s *retryStream) startLocked() error {
 	}
 	cs, err := s.streamer(ctx, s.desc, s.cc, s.method, s.opts...)
 	if err != nil {
-		return err
+		return a, err
 	}
 	a.cs = cs
-	for i := range s.buf {
-		b := &s.buf[i]
-		if err := cs.SendMsg(&b.msg); err != nil {
-			if err == io.EOF {
-				return nil // the attempt broke; RecvMsg will learn how
+	start := 0
+	for _, end := range s.ends {
+		msg := s.msgType.New().Interface()
+		if err := proto.Unmarshal(s.buf[start:end], msg); err != nil {
+			return a, status.Errorf(codes.Internal, "herdguard: replaying a buffered message: %v", err)
+		}
+		if err := cs.SendMsg(msg); err != nil {
+			if err != io.EOF {
+				return a, err
 			}
-			return err
+			// The attempt broke during the replay: learn how.
+			end, headers := a.learnEnd()
+			if headers || end == io.EOF {
+				s.commitLocked(false) // the server answered this attempt
+				return a, nil
+			}
+			return a, end
 		}
 		s.replayed++
-		s.replayedSz += int64(b.size)
+		s.replayedSz += int64(end - start)
+		start = end
 	}
 	if s.closeSent {
-		return cs.CloseSend()
+		_ = cs.CloseSend() // gRPC's CloseSend always returns nil
 	}
-	return nil
+	return a, nil
+}
+
+// retryLocked is called when a, the current attempt, ended with err before
+// the stream committed. It decides whether the stream goes on; if so, it
+// waits and opens the next attempt (again and again while new attempts end
+// at once) and returns nil once one runs. It returns the stream's final
+// error otherwise.
+func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
+	for {
+		if s.finished {
+			return s.err
+		}
+		end := attemptEnd{n: a.n, err: err, timedOut: a.timedOut.Load(), reached: a.cs != nil}
+		if end.timedOut {
+			end.err = status.Error(codes.DeadlineExceeded, errAttemptTimeout.Error())
+		}
+		if a.cs != nil {
+			// gRFC A6: a server that sent response headers has the call;
+			// only a trailers-only response may be retried.
+			md, _ := a.cs.Header()
+			end.headers = md != nil
+			if !end.headers {
+				end.trailer = a.cs.Trailer()
+			}
+		}
+		if end.headers {
+			s.commitLocked(false)
+		}
+		s.endAttemptLocked(a, end.err)
+		a.release()
+		d := s.ic.decide(s.ctx, s.p, &s.bs, s.maxAttempts, end)
+		if !d.retry {
+			s.outcome = d.outcome
+			return d.err
+		}
+		if perr := s.ic.pause(s.ctx, s.tracer, &s.bs, a.n+1, d); perr != nil {
+			s.outcome = contextOutcome(s.ctx.Err())
+			s.idleDeadline = true
+			return perr
+		}
+		if a, err = s.startLocked(); err == nil {
+			return nil
+		}
+	}
+}
+
+// learnEnd tells how an attempt that is over (its SendMsg returned io.EOF,
+// or Header returned no headers) ended: headers is true when the server had
+// sent response headers; otherwise end is the attempt's status error, or
+// io.EOF for OK. With no headers there can be no message, so receiving into
+// a placeholder takes nothing from the caller.
+func (a *streamAttempt) learnEnd() (end error, headers bool) {
+	if md, _ := a.cs.Header(); md != nil {
+		return nil, true
+	}
+	return a.recv(new(emptypb.Empty)), false
+}
+
+// recv receives on the attempt before the stream commits, remembering how
+// the attempt ended so that it is learned once.
+func (a *streamAttempt) recv(m any) error {
+	a.recvMu.Lock()
+	defer a.recvMu.Unlock()
+	if a.endKnown {
+		return a.end
+	}
+	err := a.cs.RecvMsg(m)
+	if err != nil {
+		a.end, a.endKnown = err, true
+	}
+	return err
 }
 
 // release stops an attempt's timeout and cancels its context, freeing what
-// gRPC holds for it. Its trailer stays readable.
+// gRPC holds for it. Its header and trailer stay readable.
 func (a *streamAttempt) release() {
 	if a.timeout != nil {
 		a.timeout.Stop()
@@ -264,54 +353,132 @@ func (s *retryStream) commitLocked(overflow bool) {
 		return
 	}
 	s.committed, s.overflow = true, overflow
-	s.buf, s.bufBytes = nil, 0
+	s.buf, s.ends, s.bufBytes = nil, nil, 0
 	if t := s.a.timeout; t != nil {
 		t.Stop()
 	}
 }
 
-func (s *retryStream) current() *streamAttempt {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.a
+// answeredLocked records that the server's answer (response headers or a
+// message, or the end of a stream that ended OK) reached the caller: the
+// stream commits, and the breaker counts it a success now, not when the
+// stream ends, so that a long healthy stream admitted as a half-open probe
+// closes the breaker at once. A failure after this counts for nothing more.
+func (s *retryStream) answeredLocked() {
+	s.commitLocked(false)
+	if s.breakerDone != nil {
+		s.breakerDone(herdguard.Success)
+		s.breakerDone = nil
+		s.breakerChangedLocked()
+	}
+}
+
+// bufferLocked keeps a copy of m, just sent, for replay; a message that
+// cannot be kept, or that outgrows the buffer, commits the stream.
+func (s *retryStream) bufferLocked(m any) {
+	if s.committed || s.finished {
+		return
+	}
+	pm, ok := m.(proto.Message)
+	if !ok {
+		s.commitLocked(true) // only protobuf messages can be encoded here
+		return
+	}
+	t := pm.ProtoReflect().Type()
+	if s.msgType == nil {
+		s.msgType = t
+	} else if t != s.msgType {
+		s.commitLocked(true)
+		return
+	}
+	start := len(s.buf)
+	buf, err := proto.MarshalOptions{}.MarshalAppend(s.buf, pm)
+	if err != nil || s.bufBytes+len(buf)-start+frameHeader > s.limit {
+		s.buf = buf[:start]
+		s.commitLocked(true)
+		return
+	}
+	s.buf = buf
+	s.ends = append(s.ends, len(buf))
+	s.bufBytes += len(buf) - start + frameHeader
 }
 
 // SendMsg sends m on the current attempt and, until the stream commits,
-// keeps an encoded copy of it for replay.
+// keeps an encoded copy of it for replay. Interceptors after herdguard's see
+// m itself, and on a replay a message of m's type with the same content.
 func (s *retryStream) SendMsg(m any) error {
 	s.mu.Lock()
-	a := s.a
-	s.sent++
-	if s.committed {
-		s.mu.Unlock()
-		return a.cs.SendMsg(m)
-	}
-	size, known := encodedSize(m)
-	if !known || s.bufBytes+size > s.limit {
-		s.commitLocked(true)
-		s.mu.Unlock()
-		return a.cs.SendMsg(m)
-	}
-	s.buf = append(s.buf, buffered{size: size})
-	pm := &s.buf[len(s.buf)-1].msg
-	if err := pm.Encode(a.cs, m); err != nil {
-		s.buf = s.buf[:len(s.buf)-1]
-		s.mu.Unlock()
-		return err
-	}
-	s.bufBytes += size
-	s.mu.Unlock()
-	err := a.cs.SendMsg(pm)
-	if err == io.EOF {
-		// The attempt broke. Until the stream commits the message stays
-		// buffered and is replayed if the stream is retried; either way
-		// RecvMsg reports how the stream ended.
-		s.mu.Lock()
-		committed := s.committed
-		s.mu.Unlock()
-		if !committed {
-			return nil
+	for {
+		a := s.a
+		if s.committed || s.finished {
+			s.mu.Unlock()
+			return s.sendCommitted(a, m)
 		}
+		s.mu.Unlock()
+		err := a.cs.SendMsg(m)
+		var (
+			end     error
+			headers bool
+		)
+		if err == io.EOF {
+			end, headers = a.learnEnd()
+		}
+		s.mu.Lock()
+		if a != s.a {
+			continue // another goroutine moved the stream on: send there
+		}
+		switch {
+		case err == nil:
+			s.sent++
+			s.bufferLocked(m)
+			s.mu.Unlock()
+			return nil
+		case err != io.EOF:
+			// The client's own error (encoding, size, SendMsg after
+			// CloseSend): gRPC ends the stream with it, and so do we.
+			s.mu.Unlock()
+			s.finish(err)
+			return err
+		case s.committed || s.finished || headers || end == io.EOF:
+			// The server answered this attempt, or the stream committed or
+			// ended meanwhile: the stream stays with it, and RecvMsg tells
+			// how it ended.
+			s.commitLocked(false)
+			s.mu.Unlock()
+			return io.EOF
+		}
+		if rerr := s.retryLocked(a, end); rerr != nil {
+			s.mu.Unlock()
+			s.finish(rerr)
+			return io.EOF // RecvMsg reports the stream's status
+		}
+	}
+}
+
+// sendCommitted sends on a committed or finished stream.
+func (s *retryStream) sendCommitted(a *streamAttempt, m any) error {
+	if a.cs == nil {
+		// The stream ended without an attempt that opened: answer as
+		// gRPC's own stream answers once it is over.
+		s.mu.Lock()
+		after := s.closeSent || !s.desc.ClientStreams && s.sent > 0
+		s.mu.Unlock()
+		switch {
+		case after:
+			return status.Error(codes.Internal, "SendMsg called after CloseSend")
+		case s.desc.ClientStreams:
+			return io.EOF
+		}
+		return nil
+	}
+	err := a.cs.SendMsg(m)
+	switch {
+	case err == nil:
+		s.mu.Lock()
+		s.sent++
+		s.mu.Unlock()
+	case err != io.EOF:
+		s.finish(err)
 	}
 	return err
 }
@@ -319,86 +486,203 @@ func (s *retryStream) SendMsg(m any) error {
 // RecvMsg receives from the current attempt, retrying the stream on a
 // retryable failure before it commits. The first message commits it.
 func (s *retryStream) RecvMsg(m any) error {
+	s.mu.Lock()
 	for {
-		a := s.current()
-		err := a.cs.RecvMsg(m)
+		a := s.a
+		if s.finished && (!s.committed || a.cs == nil) {
+			err := s.finalLocked()
+			s.mu.Unlock()
+			return err
+		}
+		if s.committed {
+			s.mu.Unlock()
+			return s.recvCommitted(a, m)
+		}
+		s.mu.Unlock()
+		err := a.recv(m)
 		s.mu.Lock()
-		switch {
-		case err == nil:
+		if err == nil {
 			s.received++
-			if s.a == a {
-				s.commitLocked(false)
+			if a == s.a {
+				s.answeredLocked()
 			}
 			s.mu.Unlock()
 			if !s.desc.ServerStreams {
-				s.finish(nil) // a single response ends the stream
+				s.finish(nil) // gRPC read the one response to the end
 			}
 			return nil
-		case s.a != a:
-			s.mu.Unlock() // another goroutine already moved to a new attempt
-			continue
-		case err == io.EOF:
-			s.commitLocked(false)
+		}
+		if a != s.a || s.finished {
+			continue // another goroutine moved the stream on
+		}
+		if s.committed || err == io.EOF {
+			// It ended OK, or it committed meanwhile (Context, Trailer): no
+			// retry.
+			if err == io.EOF {
+				s.answeredLocked()
+			}
 			s.mu.Unlock()
-			s.finish(nil)
-			return io.EOF
-		case s.committed || s.finished:
-			s.mu.Unlock()
-			s.finish(err)
+			if err == io.EOF {
+				s.finish(nil)
+			} else {
+				s.finish(err)
+			}
 			return err
 		}
-		rerr := s.retryLocked(err)
-		s.mu.Unlock()
-		if rerr != nil {
+		if rerr := s.retryLocked(a, err); rerr != nil {
+			s.mu.Unlock()
 			s.finish(rerr)
 			return rerr
 		}
 	}
 }
 
-// Header returns the current attempt's response headers; receiving them
-// commits the stream. Like gRPC's, it returns no error for a stream that
-// ended without headers: RecvMsg reports how it ended.
+// recvCommitted receives on a committed stream.
+func (s *retryStream) recvCommitted(a *streamAttempt, m any) error {
+	err := a.cs.RecvMsg(m)
+	s.mu.Lock()
+	if err == nil {
+		s.received++
+	}
+	if err == nil || err == io.EOF {
+		s.answeredLocked() // the breaker may not have heard yet (Context, overflow)
+	}
+	s.mu.Unlock()
+	switch {
+	case err == nil && s.desc.ServerStreams:
+	case err == nil, err == io.EOF:
+		s.finish(nil) // gRPC read the one response to the end, or the stream ended OK
+	default:
+		s.finish(err)
+	}
+	return err
+}
+
+// finalLocked is what RecvMsg returns once the stream ended.
+func (s *retryStream) finalLocked() error {
+	if s.err == nil {
+		return io.EOF
+	}
+	return s.err
+}
+
+// Header returns the response headers. Like gRPC's, it drives a retry when
+// the current attempt ended without headers; it returns nil and no error
+// for a stream that ended without any, and RecvMsg reports how it ended.
+// Headers commit the stream.
 func (s *retryStream) Header() (metadata.MD, error) {
-	a := s.current()
-	md, err := a.cs.Header()
-	if md != nil && err == nil {
-		s.mu.Lock()
-		if s.a == a {
-			s.commitLocked(false)
+	s.mu.Lock()
+	for {
+		a := s.a
+		if s.committed || s.finished {
+			s.mu.Unlock()
+			if a.cs == nil {
+				return nil, nil
+			}
+			md, err := a.cs.Header()
+			if md != nil {
+				s.mu.Lock()
+				s.answeredLocked()
+				s.mu.Unlock()
+			}
+			return md, err
 		}
 		s.mu.Unlock()
+		md, err := a.cs.Header()
+		var end error
+		if md == nil {
+			end = err
+			if end == nil {
+				end, _ = a.learnEnd()
+			}
+		}
+		s.mu.Lock()
+		if a != s.a || s.finished {
+			continue
+		}
+		if md != nil {
+			s.answeredLocked()
+			s.mu.Unlock()
+			return md, nil
+		}
+		if s.committed || end == io.EOF {
+			// A trailers-only OK, or the stream committed meanwhile: it is
+			// over, and RecvMsg tells how.
+			if end == io.EOF {
+				s.answeredLocked()
+				end = nil
+			}
+			s.mu.Unlock()
+			s.finish(end)
+			return nil, nil
+		}
+		if rerr := s.retryLocked(a, end); rerr != nil {
+			s.mu.Unlock()
+			s.finish(rerr)
+			return nil, nil // RecvMsg reports the error
+		}
 	}
-	return md, err
 }
 
-// Trailer returns the current attempt's trailer.
-func (s *retryStream) Trailer() metadata.MD { return s.current().cs.Trailer() }
+// Trailer returns the current attempt's trailer. It commits the stream, as
+// gRPC's does: it is meant for after RecvMsg has reported the end.
+func (s *retryStream) Trailer() metadata.MD {
+	if a := s.commitNow(); a.cs != nil {
+		return a.cs.Trailer()
+	}
+	return nil
+}
 
 // CloseSend closes the sending side of the current attempt and of every
-// attempt after it.
+// attempt after it. Like gRPC's, it always returns nil.
 func (s *retryStream) CloseSend() error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closeSent {
+		return nil
+	}
 	s.closeSent = true
-	a := s.a
-	s.mu.Unlock()
-	return a.cs.CloseSend()
+	if a := s.a; a.cs != nil {
+		_ = a.cs.CloseSend()
+	}
+	return nil
 }
 
-// Context returns the current attempt's context.
-func (s *retryStream) Context() context.Context { return s.current().cs.Context() }
+// Context returns the current attempt's context. As in gRPC, calling it
+// commits the stream: the context the caller holds must stay the stream's.
+func (s *retryStream) Context() context.Context {
+	if a := s.commitNow(); a.cs != nil {
+		return a.cs.Context()
+	}
+	return s.ctx
+}
+
+// commitNow commits a stream that is not over yet to its current attempt,
+// and returns that attempt.
+func (s *retryStream) commitNow() *streamAttempt {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.finished {
+		s.commitLocked(false)
+	}
+	return s.a
+}
 
 // finish records the stream's final status once: for the breaker, on the
-// span, and by releasing the buffer and the attempt's timer.
-func (s *retryStream) finish(err error) {
+// span, and by releasing the buffer and the current attempt.
+func (s *retryStream) finish(err error) { s.finishWith(err, true) }
+
+// finishWith is finish; release is false when the caller's context ended,
+// which ends the current attempt by itself.
+func (s *retryStream) finishWith(err error, release bool) {
 	s.mu.Lock()
 	if s.finished {
 		s.mu.Unlock()
 		return
 	}
-	s.finished = true
+	s.finished, s.err = true, err
 	a := s.a
-	s.buf, s.bufBytes = nil, 0
+	s.buf, s.ends, s.bufBytes = nil, nil, 0
 	if s.outcome == "" {
 		switch {
 		case err == nil:
@@ -411,36 +695,36 @@ func (s *retryStream) finish(err error) {
 			s.outcome = OutcomeNotRetryable
 		}
 	}
-	if a != nil {
-		s.endAttempt(a, err)
+	s.endAttemptLocked(a, err)
+	if s.breakerDone != nil {
+		s.breakerDone(s.ic.verdict(s.ctx, err, s.idleDeadline || !a.live))
+		s.breakerDone = nil
+		s.breakerChangedLocked()
 	}
+	unwatch := s.unwatch
 	s.mu.Unlock()
 
-	if s.unwatch != nil {
-		s.unwatch()
+	if unwatch != nil {
+		unwatch()
+	}
+	if release {
+		a.release()
+	} else if a.timeout != nil {
+		a.timeout.Stop()
 	}
 	if s.cancelTimeout != nil {
-		defer s.cancelTimeout()
-	}
-	if a != nil {
-		a.release() // the stream is over
+		s.cancelTimeout()
 	}
 	if err == nil {
 		s.bs.succeeded()
 	}
-	if s.done != nil {
-		s.done(verdict(s.ctx, err)) // counted when it returns
-		s.breakerChanged()
-	}
 	s.endSpan(err)
-	if s.bs.meter != nil {
-		s.bs.meter.call(s.ctx, s.method, s.outcome)
-	}
+	s.ic.metering.call(s.ctx, s.method, s.outcome)
 }
 
-// breakerChanged records a change of the breaker's state since it was last
-// seen as an event on the call span.
-func (s *retryStream) breakerChanged() {
+// breakerChangedLocked records a change of the breaker's state since it was
+// last seen as an event on the call span.
+func (s *retryStream) breakerChangedLocked() {
 	if s.span == nil || s.breaker == nil {
 		return
 	}
@@ -450,15 +734,13 @@ func (s *retryStream) breakerChanged() {
 	}
 }
 
-// endAttempt ends an attempt's span and counts it, once.
-func (s *retryStream) endAttempt(a *streamAttempt, err error) {
+// endAttemptLocked ends an attempt's span and counts it, once.
+func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 	if a.ended {
 		return
 	}
 	a.ended = true
-	if s.bs.meter != nil {
-		s.bs.meter.attempt(s.ctx, s.method, status.Code(err), a.n > 1)
-	}
+	s.ic.metering.attempt(s.ctx, s.method, status.Code(err), a.n > 1)
 	if a.span != nil {
 		st := status.Convert(err)
 		endAttempt(a.span, st.Code(), st.Message())
@@ -484,15 +766,6 @@ func (s *retryStream) endSpan(err error) {
 	s.mu.Unlock()
 	st := status.Convert(err)
 	endCall(s.span, attempts, outcome, st.Code(), st.Message())
-}
-
-// encodedSize is m's size on the wire before compression. Only protobuf
-// messages can be sized; known is false for others.
-func encodedSize(m any) (size int, known bool) {
-	if pm, ok := m.(proto.Message); ok {
-		return proto.Size(pm), true
-	}
-	return 0, false
 }
 
 // streamBufferFor returns the replay buffer limit of a call.

@@ -3,7 +3,6 @@ package interceptor
 import (
 	"context"
 	"reflect"
-	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -49,82 +48,66 @@ const (
 	EventBreakerStateChange = "herdguard.breaker.state_change"
 )
 
-// tracing finds the tracer for each call. With no provider given it follows
-// the global provider, which may be installed after New; when the provider
-// is a no-op, it reports tracing off so calls skip span work entirely.
+// tracing holds the tracer, made once in New from the tracer provider given,
+// or from the global provider as it is then, which, before an SDK is
+// installed, forwards to the first one installed later (as otelgrpc relies
+// on). So that calls do no span work while nothing would record it, New
+// asks the provider once whether it makes spans at all (see makesSpans):
+// a no-op provider never will; OpenTelemetry's global provider before an
+// SDK is installed does not yet, and calls skip span work for as long as
+// otel.GetTracerProvider still returns it.
 type tracing struct {
-	fixed bool // the provider was given and is not the global one
-	cur   atomic.Pointer[tracerSnapshot]
-}
-
-type tracerSnapshot struct {
-	tp     trace.TracerProvider
-	cmp    bool // tp's type is comparable
-	tracer trace.Tracer
-	on     bool
+	tr trace.Tracer // nil: tracing off for good
+	// unset, when not nil, is the global provider as New found it making
+	// no spans: tracing is off while it is still the global one.
+	unset trace.TracerProvider
 }
 
 func (t *tracing) init(tp trace.TracerProvider) {
-	if tp != nil && !isGlobalDelegate(tp) {
-		t.fixed = true
-	} else {
+	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
-	t.cur.Store(newSnapshot(tp))
-}
-
-func newSnapshot(tp trace.TracerProvider) *tracerSnapshot {
-	s := &tracerSnapshot{tp: tp, cmp: comparable(tp), on: !isNoop(tp)}
-	if s.on {
-		s.tracer = tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version))
+	switch tp.(type) {
+	case noop.TracerProvider, *noop.TracerProvider:
+		return
 	}
-	return s
+	t.tr = tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version))
+	if !makesSpans(t.tr) && comparable(tp) && tp == otel.GetTracerProvider() {
+		t.unset = tp
+	}
 }
 
 // tracer returns the tracer of this call, or nil when tracing is off.
 func (t *tracing) tracer() trace.Tracer {
-	s := t.cur.Load()
-	if !t.fixed {
-		if tp := otel.GetTracerProvider(); !sameProvider(tp, s.tp, s.cmp) {
-			s = newSnapshot(tp)
-			t.cur.Store(s)
-		}
-	}
-	if !s.on {
+	if t.unset != nil && otel.GetTracerProvider() == t.unset {
 		return nil
 	}
-	return s.tracer
+	return t.tr
 }
 
-// sameProvider reports whether p is still the provider old, whose type's
-// comparability is oldCmp. A provider of a type that cannot be compared is
-// taken as unchanged while its type stays the same.
-func sameProvider(p, old any, oldCmp bool) bool {
-	if oldCmp {
-		return p == old // different dynamic types compare unequal, never panic
-	}
-	return reflect.TypeOf(p) == reflect.TypeOf(old)
+// probeParent is the remote parent under which makesSpans starts its span.
+var probeParent = trace.NewSpanContext(trace.SpanContextConfig{
+	TraceID: trace.TraceID{'h', 'e', 'r', 'd', 'g', 'u', 'a', 'r', 'd', 'p', 'r', 'o', 'b', 'e'},
+	SpanID:  trace.SpanID{'h', 'g', 'p', 'r', 'o', 'b', 'e'},
+	Remote:  true,
+})
+
+// makesSpans reports whether tr makes spans of its own. A span started under
+// a remote, unsampled parent gets a span ID of its own from any SDK (which,
+// sampling by the parent as it does by default, records nothing and exports
+// nothing), and comes back with the parent's own from a tracer that makes
+// no spans: a no-op one, or the global one before an SDK is installed.
+func makesSpans(tr trace.Tracer) bool {
+	ctx := trace.ContextWithRemoteSpanContext(context.Background(), probeParent)
+	_, span := tr.Start(ctx, "herdguard.probe")
+	return span.SpanContext().SpanID() != probeParent.SpanID()
 }
 
+// comparable reports whether values of p's dynamic type can be compared
+// with ==, which the check in tracer makes on every call.
 func comparable(p any) bool {
 	t := reflect.TypeOf(p)
 	return t == nil || t.Comparable()
-}
-
-// isGlobalDelegate reports whether p is one of OpenTelemetry's global
-// providers (tracer or meter) before an SDK is installed: it records
-// nothing until one is.
-func isGlobalDelegate(p any) bool {
-	t := reflect.TypeOf(p)
-	return t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "go.opentelemetry.io/otel/internal/global"
-}
-
-func isNoop(tp trace.TracerProvider) bool {
-	switch tp.(type) {
-	case nil, noop.TracerProvider, *noop.TracerProvider:
-		return true
-	}
-	return isGlobalDelegate(tp)
 }
 
 // startCall starts the call span.

@@ -10,6 +10,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -240,7 +241,13 @@ func TestOtelgrpcSpansNestUnderAttempts(t *testing.T) {
 }
 
 func TestGlobalProviderInstalledAfterNew(t *testing.T) {
-	_, c, _, _ := setup(t, fail(codes.OK))
+	if makesSpans(otel.GetTracerProvider().Tracer("")) {
+		t.Skip("a global tracer provider is installed already; this test needs the process's first")
+	}
+	_, c, _, ic := setup(t, fail(codes.OK))
+	if ic.tracing.tracer() != nil {
+		t.Error("tracing on while the global provider has no SDK behind it")
+	}
 	call(t, c) // global provider not set: no spans, no failure
 	rec, tp := newRecorder()
 	old := otel.GetTracerProvider()
@@ -255,16 +262,22 @@ func TestGlobalProviderInstalledAfterNew(t *testing.T) {
 }
 
 func TestNoopProviderIsOff(t *testing.T) {
-	var tr tracing
-	tr.init(nil)
-	// with no SDK installed the global provider records nothing
-	if _, isSet := otel.GetTracerProvider().(*sdktrace.TracerProvider); !isSet && tr.tracer() != nil {
-		t.Error("tracing reported on with the global no-op provider")
+	for _, tp := range []trace.TracerProvider{noop.NewTracerProvider(), &noop.TracerProvider{}} {
+		var tr tracing
+		tr.init(tp)
+		if tr.tracer() != nil {
+			t.Errorf("tracing on with %T", tp)
+		}
 	}
 	_, tp := newRecorder()
 	var on tracing
 	on.init(tp)
 	if on.tracer() == nil {
 		t.Error("tracing reported off with an SDK provider")
+	}
+	// An SDK that samples nothing still makes spans of its own.
+	never := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+	if !makesSpans(never.Tracer("")) {
+		t.Error("makesSpans = false for an SDK that samples nothing")
 	}
 }

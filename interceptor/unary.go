@@ -28,15 +28,22 @@ const PushbackTrailerKey = "grpc-retry-pushback-ms"
 // Unary returns the unary client interceptor.
 func (ic *Interceptor) Unary() grpc.UnaryClientInterceptor { return ic.unary }
 
-// attemptBuffer holds what an attempt adds to the caller's call options: a
-// trailer catcher for the pushback. It is pooled so that a call allocates
-// nothing for it.
+// attemptBuffer holds what an attempt adds to the caller's call options:
+// catchers for the response headers (a call whose server sent headers is
+// committed, gRFC A6) and for the trailer (where a pushback would be). It is
+// pooled so that a call allocates nothing for it.
 type attemptBuffer struct {
 	opts    []grpc.CallOption
+	header  metadata.MD
 	trailer metadata.MD
 	peer    peer.Peer // set when the attempt reached a server (WithIdempotentOnly)
 	timer   timer     // made on the first wait, then reset
 }
+
+// catchers is how many options at the end of attemptBuffer.opts catch the
+// header and the trailer; only attempts that may be retried carry them, as
+// gRPC copies what is caught.
+const catchers = 2
 
 // unaryCall is one logical unary call: fixed for the call, plus what its
 // attempts learn.
@@ -51,11 +58,13 @@ type unaryCall struct {
 	invoker grpc.UnaryInvoker
 	buf     *attemptBuffer
 	lim     *limits
-	meter   *meterSnapshot
 	unsafe  bool
 
 	attempts int
 	outcome  Outcome
+	// idle is true when the call's deadline ran out while no attempt was
+	// in flight: during a backoff wait, or before an attempt started.
+	idle bool
 }
 
 func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -70,9 +79,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		if span != nil {
 			endCall(span, 0, OutcomeInvalidCallOption, codes.InvalidArgument, err.Error())
 		}
-		if m := ic.metering.get(); m != nil {
-			m.call(ctx, method, OutcomeInvalidCallOption)
-		}
+		ic.metering.call(ctx, method, OutcomeInvalidCallOption)
 		return err
 	}
 
@@ -88,9 +95,9 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	if unsafe {
 		buf.opts = append(buf.opts, grpc.Peer(&buf.peer))
 	}
-	buf.opts = append(buf.opts, grpc.Trailer(&buf.trailer)) // last: see attempt
+	buf.opts = append(buf.opts, grpc.Header(&buf.header), grpc.Trailer(&buf.trailer)) // last: see attempt
 	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf,
-		lim: ic.limitsFor(cc.Target()), meter: ic.metering.get(), unsafe: unsafe}
+		lim: ic.limitsFor(cc.Target()), unsafe: unsafe}
 	maxAttempts := p.p.MaxAttempts
 	if noRetry {
 		maxAttempts = 1
@@ -107,7 +114,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 				maxAttempts = 1
 			}
 			err = c.run(ctx, maxAttempts)
-			return verdict(ctx, err)
+			return ic.verdict(ctx, err, c.idle)
 		})
 		if berr != nil {
 			err, c.outcome = berr, OutcomeBreakerOpen
@@ -127,36 +134,47 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	}
 
 	clear(buf.opts)
-	buf.opts, buf.trailer, buf.peer = buf.opts[:0], nil, peer.Peer{}
+	buf.opts, buf.header, buf.trailer, buf.peer = buf.opts[:0], nil, nil, peer.Peer{}
 	ic.buffers.Put(buf)
 	if span != nil {
 		st := status.Convert(err)
 		endCall(span, c.attempts, c.outcome, st.Code(), st.Message())
 	}
-	if c.meter != nil {
-		c.meter.call(ctx, method, c.outcome)
-	}
+	ic.metering.call(ctx, method, c.outcome)
 	return err
 }
 
-// verdict is what a finished call tells the breaker: the caller's own
-// cancellation or deadline says nothing about the server.
-func verdict(ctx context.Context, err error) herdguard.Verdict {
+// verdict is what a finished call tells the breaker. The caller's own
+// cancellation says nothing about the server, nor does a deadline that ran
+// out while no attempt was in flight (idle); a deadline that ran out while
+// an attempt was in flight says the server did not answer in time, and the
+// breaker's Verdict (by default herdguard.BreakerVerdict's table) judges the
+// call's error as it judges any other.
+func (ic *Interceptor) verdict(ctx context.Context, err error, idle bool) herdguard.Verdict {
 	if err == nil {
 		return herdguard.Success
 	}
-	if ctx.Err() != nil {
+	switch ctx.Err() {
+	case nil:
+	case context.DeadlineExceeded:
+		if idle {
+			return herdguard.Ignored
+		}
+	default:
 		return herdguard.Ignored
+	}
+	if ic.classify != nil {
+		return ic.classify(err)
 	}
 	return herdguard.BreakerVerdict(status.Code(err))
 }
 
 // run makes the call's attempts, waiting between them, and returns the
-// call's error. It sets c.attempts and c.outcome.
+// call's error. It sets c.attempts, c.outcome and c.idle.
 func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	var (
-		bs      = backoffState{timer: c.buf.timer, method: c.method, lim: c.lim, meter: c.meter, unsafe: c.unsafe}
-		retries retryMetadata
+		bs      = backoffState{timer: c.buf.timer, method: c.method, lim: c.lim, unsafe: c.unsafe}
+		numbers retryNumbers
 	)
 	defer func() { c.buf.timer = bs.timer }()
 	bs.started()
@@ -164,56 +182,64 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		c.attempts = attempt
 		actx := ctx
 		if attempt > 1 {
-			actx = retries.numbered(ctx, attempt)
+			actx = numbers.context(ctx, attempt)
 		}
-		perAttemptTimeout, err := c.attempt(actx, attempt, attempt < maxAttempts)
-		if err == nil {
+		live := ctx.Err() == nil
+		end := c.attempt(actx, attempt, attempt < maxAttempts)
+		if end.err == nil {
 			c.outcome = OutcomeOK
 			bs.succeeded()
 			return nil
 		}
-		d := c.ic.decide(ctx, c.p, &bs, attempt, maxAttempts, err, perAttemptTimeout, c.buf.trailer, c.buf.peer.Addr != nil)
+		if !live {
+			c.idle = true // it never went out
+		}
+		d := c.ic.decide(ctx, c.p, &bs, maxAttempts, end)
 		if !d.retry {
 			c.outcome = d.outcome
 			return d.err
 		}
 		if err := c.ic.pause(ctx, c.tracer, &bs, attempt+1, d); err != nil {
-			c.outcome = contextOutcome(ctx.Err())
+			c.outcome, c.idle = contextOutcome(ctx.Err()), true
 			return err
 		}
 	}
 }
 
-// attempt sends one attempt. perAttemptTimeout reports whether it ran under
-// a PerAttemptTimeout: gRPC sends that deadline to the server too, and the
-// server's copy, rounded down on the wire, can end the attempt first, so any
-// DeadlineExceeded of such an attempt is its timeout.
+// attempt sends attempt n. An attempt under a PerAttemptTimeout has timedOut
+// set on any DeadlineExceeded: gRPC sends that deadline to the server too,
+// and the server's copy, rounded down on the wire, can end the attempt
+// first.
 //
-// The trailer, where a pushback would come, is only caught when another
-// attempt may follow: gRPC copies it for every attempt that asks.
-func (c *unaryCall) attempt(ctx context.Context, n int, mayRetry bool) (perAttemptTimeout bool, err error) {
+// The header and trailer are only caught when another attempt may follow:
+// gRPC copies them for every attempt that asks.
+func (c *unaryCall) attempt(ctx context.Context, n int, mayRetry bool) attemptEnd {
+	end := attemptEnd{n: n}
 	if d := c.p.p.PerAttemptTimeout; d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
-		perAttemptTimeout = true
+		end.timedOut = true
 	}
 	var span trace.Span
 	if c.tracer != nil {
 		ctx, span = startAttempt(ctx, c.tracer, n)
 	}
-	c.buf.trailer, c.buf.peer = nil, peer.Peer{}
+	c.buf.header, c.buf.trailer, c.buf.peer = nil, nil, peer.Peer{}
 	opts := c.buf.opts
 	if !mayRetry {
-		opts = opts[:len(opts)-1] // the trailer catcher is last
+		opts = opts[:len(opts)-catchers]
 	}
-	err = c.invoker(ctx, c.method, c.req, c.reply, c.cc, opts...)
+	end.err = c.invoker(ctx, c.method, c.req, c.reply, c.cc, opts...)
 	if span != nil {
-		st := status.Convert(err)
+		st := status.Convert(end.err)
 		endAttempt(span, st.Code(), st.Message())
 	}
-	if c.meter != nil {
-		c.meter.attempt(ctx, c.method, status.Code(err), n > 1)
+	c.ic.metering.attempt(ctx, c.method, status.Code(end.err), n > 1)
+	if end.err != nil {
+		end.timedOut = end.timedOut && status.Code(end.err) == codes.DeadlineExceeded
+		end.trailer, end.headers = c.buf.trailer, c.buf.header != nil
+		end.reached = !c.unsafe || c.buf.peer.Addr != nil
 	}
-	return perAttemptTimeout, err
+	return end
 }
