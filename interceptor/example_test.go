@@ -68,7 +68,7 @@ func ExampleCallPolicy() {
 	if client == nil {
 		return
 	}
-	urgent := policy.Policy{MaxAttempts: 2, InitialBackoff: 10 * time.Millisecond, Jitter: policy.FullJitter}
+	urgent := policy.Policy{MaxAttempts: 2, InitialBackoff: 10 * time.Millisecond} // the other fields are defaults: full jitter
 	_, _ = client.UnaryCall(context.Background(), &testgrpc.SimpleRequest{}, interceptor.CallPolicy(urgent))
 	_, _ = client.EmptyCall(context.Background(), &testgrpc.Empty{}, interceptor.NoRetry())
 }

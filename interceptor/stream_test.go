@@ -311,7 +311,7 @@ func TestStreamCancelDuringWait(t *testing.T) {
 		time.AfterFunc(20*ms, cancel)
 		return status.Error(codes.Unavailable, "down")
 	}})
-	ic, _ := New(WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: 10 * time.Second, Multiplier: 1}))
+	ic, _ := New(WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: 10 * time.Second, Multiplier: 1, Jitter: policy.NoJitter}))
 	c := srv.Client(t, ic.DialOptions()...)
 	start := time.Now()
 	stream, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})

@@ -154,7 +154,7 @@ func TestSpanOutcomes(t *testing.T) {
 
 func TestSpanDeadlineAndCancelOutcomes(t *testing.T) {
 	rec, tp := newRecorder()
-	p := policy.Policy{MaxAttempts: 5, InitialBackoff: 10 * ms * 1000}
+	p := policy.Policy{MaxAttempts: 5, InitialBackoff: 10 * ms * 1000, Jitter: policy.NoJitter}
 	_, c, _, _ := setup(t, fail(codes.Unavailable), WithTracerProvider(tp), WithPolicy(p), WithoutBreaker())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*ms*1000)
 	defer cancel()

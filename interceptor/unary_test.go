@@ -174,7 +174,7 @@ func TestPerAttemptTimeoutIsRetried(t *testing.T) {
 func TestStopsBeforeWaitingIntoTheDeadline(t *testing.T) {
 	// waits 1s, 2s, 4s: after the second wait 3s of a 5s deadline are gone,
 	// so the third wait would cross it.
-	p := policy.Policy{MaxAttempts: 10, InitialBackoff: time.Second, Multiplier: 2, MaxBackoff: time.Minute}
+	p := policy.Policy{MaxAttempts: 10, InitialBackoff: time.Second, Multiplier: 2, MaxBackoff: time.Minute, Jitter: policy.NoJitter}
 	srv, c, clk, _ := setup(t, fail(codes.Unavailable), WithPolicy(p), WithoutBreaker())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -201,7 +201,7 @@ func TestCancelDuringWaitReturnsPromptly(t *testing.T) {
 		time.AfterFunc(20*ms, cancel) // cancel while the client waits 10s
 		return nil, status.Error(codes.Unavailable, "down")
 	}})
-	ic, err := New(WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: 10 * time.Second, Multiplier: 1}))
+	ic, err := New(WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: 10 * time.Second, Multiplier: 1, Jitter: policy.NoJitter}))
 	if err != nil {
 		t.Fatal(err)
 	}

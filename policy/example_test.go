@@ -24,6 +24,26 @@ func ExamplePolicy_Backoff() {
 	// equal: 7.5ms 15ms 30ms 60ms 75ms 75ms
 }
 
+// A literal that sets only some fields keeps the other defaults, full jitter
+// included; no jitter is asked for by name.
+func ExamplePolicy_partial() {
+	p := policy.Policy{MaxAttempts: 5}
+	fmt.Print(p.Jitter, ":")
+	for retry := 1; retry <= 4; retry++ {
+		fmt.Print(" ", p.Backoff(retry, 0, 0.5))
+	}
+	fmt.Println()
+	p.Jitter = policy.NoJitter
+	fmt.Print(p.Jitter, ":")
+	for retry := 1; retry <= 4; retry++ {
+		fmt.Print(" ", p.Backoff(retry, 0, 0.5))
+	}
+	fmt.Println()
+	// Output:
+	// full: 50ms 100ms 200ms 400ms
+	// none: 100ms 200ms 400ms 800ms
+}
+
 func ExamplePolicy_Validate() {
 	p := policy.Default()
 	p.MaxBackoff = time.Millisecond

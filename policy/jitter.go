@@ -8,13 +8,17 @@ import (
 
 // Jitter says how a computed backoff is randomised. Jitter is what spreads
 // callers that failed at the same moment; backoff alone only slows them.
+//
+// The zero value is [FullJitter], the default; waiting without jitter is
+// asked for by name, with [NoJitter].
 type Jitter int
 
 const (
-	// NoJitter waits exactly min(MaxBackoff, InitialBackoff*Multiplier^(n-1)).
-	NoJitter Jitter = iota
-	// FullJitter waits uniformly in [0, that].
-	FullJitter
+	// FullJitter waits uniformly in [0, raw], where raw is
+	// min(MaxBackoff, InitialBackoff*Multiplier^(n-1)). It is the zero value.
+	FullJitter Jitter = iota
+	// NoJitter waits exactly raw.
+	NoJitter
 	// EqualJitter waits that/2 + uniformly in [0, that/2]: it keeps a floor.
 	EqualJitter
 	// DecorrelatedJitter waits min(MaxBackoff, uniformly in
@@ -22,7 +26,8 @@ const (
 	DecorrelatedJitter
 )
 
-var jitterNames = [...]string{"none", "full", "equal", "decorrelated"}
+// jitterNames is indexed by Jitter.
+var jitterNames = [...]string{FullJitter: "full", NoJitter: "none", EqualJitter: "equal", DecorrelatedJitter: "decorrelated"}
 
 // String returns "none", "full", "equal" or "decorrelated".
 func (j Jitter) String() string {
@@ -41,7 +46,7 @@ func ParseJitter(s string) (Jitter, error) {
 			return Jitter(i), nil
 		}
 	}
-	return 0, fmt.Errorf("policy: unknown jitter %q (want one of %s)", s, strings.Join(jitterNames[:], ", "))
+	return 0, fmt.Errorf("policy: unknown jitter %q (want one of none, full, equal, decorrelated)", s)
 }
 
 // Apply shapes a raw wait with the random number r in [0, 1). prev is the
@@ -56,6 +61,8 @@ func (j Jitter) Apply(raw, prev, base, ceiling time.Duration, r float64) time.Du
 		r = 1
 	}
 	switch j {
+	case NoJitter:
+		return raw
 	case FullJitter:
 		return scale(raw, r)
 	case EqualJitter:

@@ -20,8 +20,9 @@ const (
 )
 
 // Policy says how one logical call is retried. It is a plain value: copy it
-// freely. A zero field means its default; [Default] returns the defaults with
-// full jitter.
+// freely. Every zero field means its default, so a literal that sets only
+// some fields, such as Policy{MaxAttempts: 5}, keeps the rest of [Default],
+// full jitter included.
 type Policy struct {
 	// MaxAttempts is the number of attempts in all, the first included:
 	// 1 means no retry. 0 means DefaultMaxAttempts (3).
@@ -35,7 +36,8 @@ type Policy struct {
 	// Multiplier grows the raw wait from one retry to the next; 1 keeps it
 	// fixed. 0 means DefaultMultiplier (2).
 	Multiplier float64
-	// Jitter randomises each wait. The zero value is NoJitter.
+	// Jitter randomises each wait. The zero value is FullJitter, the
+	// default; NoJitter waits exactly the raw backoff.
 	Jitter Jitter
 	// RetryableCodes are the status codes worth another attempt. Empty means
 	// herdguard.DefaultRetryableCodes() (Unavailable, ResourceExhausted).
@@ -66,8 +68,9 @@ func Default() Policy {
 	}
 }
 
-// WithDefaults returns p with every zero field replaced by its default. The
-// RetryableCodes slice is copied, so the result shares nothing with p.
+// WithDefaults returns p with every zero field replaced by its default
+// (a zero Jitter is FullJitter already). The RetryableCodes slice is copied,
+// so the result shares nothing with p.
 func (p Policy) WithDefaults() Policy {
 	p = p.timing()
 	if p.MaxAttempts == 0 {

@@ -14,7 +14,7 @@ import (
 const ms = time.Millisecond
 
 func TestRawBackoffTable(t *testing.T) {
-	p := policy.Policy{InitialBackoff: 10 * ms, Multiplier: 2, MaxBackoff: 100 * ms}
+	p := policy.Policy{InitialBackoff: 10 * ms, Multiplier: 2, MaxBackoff: 100 * ms, Jitter: policy.NoJitter}
 	want := []time.Duration{10 * ms, 20 * ms, 40 * ms, 80 * ms, 100 * ms, 100 * ms}
 	for i, w := range want {
 		if got := p.RawBackoff(i + 1); got != w {
@@ -48,41 +48,87 @@ func TestRawBackoffMultiplierOneIsFixed(t *testing.T) {
 	}
 }
 
+// TestJitterApply gives the exact wait of each jitter for the random numbers
+// 0, 0.25, 0.5 and 1, with a raw wait of 40ms, InitialBackoff 10ms and
+// MaxBackoff 100ms.
 func TestJitterApply(t *testing.T) {
-	const base, ceiling = 10 * ms, 100 * ms
+	const raw, base, ceiling = 40 * ms, 10 * ms, 100 * ms
+	rs := []float64{0, 0.25, 0.5, 1}
 	tests := []struct {
-		j         policy.Jitter
-		raw, prev time.Duration
-		r         float64
-		want      time.Duration
+		name string
+		j    policy.Jitter
+		prev time.Duration
+		want []time.Duration // one per r in rs
 	}{
-		{policy.NoJitter, 40 * ms, 0, 0.5, 40 * ms},
-		{policy.FullJitter, 40 * ms, 0, 0, 0},
-		{policy.FullJitter, 40 * ms, 0, 0.25, 10 * ms},
-		{policy.FullJitter, 40 * ms, 0, 0.5, 20 * ms},
-		{policy.FullJitter, 40 * ms, 0, 1, 40 * ms},
-		{policy.EqualJitter, 40 * ms, 0, 0, 20 * ms},
-		{policy.EqualJitter, 40 * ms, 0, 0.25, 25 * ms},
-		{policy.EqualJitter, 40 * ms, 0, 0.5, 30 * ms},
-		{policy.EqualJitter, 40 * ms, 0, 1, 40 * ms},
-		// decorrelated: base + r*(3*prev - base), capped; prev 0 means base.
-		{policy.DecorrelatedJitter, 0, 0, 0, 10 * ms},
-		{policy.DecorrelatedJitter, 0, 0, 0.5, 20 * ms},
-		{policy.DecorrelatedJitter, 0, 0, 1, 30 * ms},
-		{policy.DecorrelatedJitter, 0, 30 * ms, 0.25, 30 * ms},
-		{policy.DecorrelatedJitter, 0, 30 * ms, 1, 90 * ms},
-		{policy.DecorrelatedJitter, 0, 90 * ms, 1, 100 * ms},
-		{policy.DecorrelatedJitter, 0, 90 * ms, 0, 10 * ms},
-		// out-of-range random numbers are clamped
-		{policy.FullJitter, 40 * ms, 0, -3, 0},
-		{policy.FullJitter, 40 * ms, 0, math.NaN(), 0},
-		{policy.FullJitter, 40 * ms, 0, 7, 40 * ms},
+		{"zero value", 0, 0, []time.Duration{0, 10 * ms, 20 * ms, 40 * ms}},
+		{"full", policy.FullJitter, 0, []time.Duration{0, 10 * ms, 20 * ms, 40 * ms}},
+		{"none", policy.NoJitter, 0, []time.Duration{40 * ms, 40 * ms, 40 * ms, 40 * ms}},
+		{"equal", policy.EqualJitter, 0, []time.Duration{20 * ms, 25 * ms, 30 * ms, 40 * ms}},
+		// decorrelated: base + r*(min(ceiling, 3*prev) - base); prev 0 means base.
+		{"decorrelated first", policy.DecorrelatedJitter, 0, []time.Duration{10 * ms, 15 * ms, 20 * ms, 30 * ms}},
+		{"decorrelated prev 30ms", policy.DecorrelatedJitter, 30 * ms, []time.Duration{10 * ms, 30 * ms, 50 * ms, 90 * ms}},
+		{"decorrelated capped", policy.DecorrelatedJitter, 90 * ms, []time.Duration{10 * ms, 32500 * time.Microsecond, 55 * ms, 100 * ms}},
 	}
 	for _, tt := range tests {
-		got := tt.j.Apply(tt.raw, tt.prev, base, ceiling, tt.r)
-		if got != tt.want {
-			t.Errorf("%v.Apply(raw %v, prev %v, r %v) = %v, want %v", tt.j, tt.raw, tt.prev, tt.r, got, tt.want)
+		t.Run(tt.name, func(t *testing.T) {
+			for i, r := range rs {
+				if got := tt.j.Apply(raw, tt.prev, base, ceiling, r); got != tt.want[i] {
+					t.Errorf("%v.Apply(raw %v, prev %v, r %v) = %v, want %v", tt.j, raw, tt.prev, r, got, tt.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestJitterApplyClampsRandomNumbers(t *testing.T) {
+	const raw, base, ceiling = 40 * ms, 10 * ms, 100 * ms
+	tests := []struct {
+		r    float64
+		want time.Duration
+	}{
+		{-3, 0},
+		{math.NaN(), 0},
+		{7, 40 * ms},
+	}
+	for _, tt := range tests {
+		if got := policy.FullJitter.Apply(raw, 0, base, ceiling, tt.r); got != tt.want {
+			t.Errorf("FullJitter.Apply(raw %v, r %v) = %v, want %v", raw, tt.r, got, tt.want)
 		}
+	}
+}
+
+// TestPartialLiteralWaitsWithFullJitter: a Policy literal that sets only
+// MaxAttempts waits as Default does, with full jitter.
+func TestPartialLiteralWaitsWithFullJitter(t *testing.T) {
+	p := policy.Policy{MaxAttempts: 5}
+	if p.Jitter != policy.FullJitter {
+		t.Errorf("Policy{MaxAttempts: 5}.Jitter = %v, want full", p.Jitter)
+	}
+	// raw waits 100ms, 200ms, 400ms, 800ms; full jitter scales each by r.
+	tests := []struct {
+		retry int
+		r     float64
+		want  time.Duration
+	}{
+		{1, 0, 0},
+		{1, 0.25, 25 * ms},
+		{1, 0.5, 50 * ms},
+		{1, 1, 100 * ms},
+		{2, 0.5, 100 * ms},
+		{3, 0.25, 100 * ms},
+		{4, 1, 800 * ms},
+	}
+	d := policy.Default()
+	for _, tt := range tests {
+		if got := p.Backoff(tt.retry, 0, tt.r); got != tt.want {
+			t.Errorf("Policy{MaxAttempts: 5}.Backoff(%d, 0, %v) = %v, want %v", tt.retry, tt.r, got, tt.want)
+		}
+		if got := d.Backoff(tt.retry, 0, tt.r); got != tt.want {
+			t.Errorf("Default().Backoff(%d, 0, %v) = %v, want %v", tt.retry, tt.r, got, tt.want)
+		}
+	}
+	if w := p.WithDefaults(); w.MaxAttempts != 5 || w.Jitter != policy.FullJitter {
+		t.Errorf("Policy{MaxAttempts: 5}.WithDefaults() = %+v, want 5 attempts with full jitter", w)
 	}
 }
 
@@ -129,6 +175,12 @@ func TestJitterStringAndParse(t *testing.T) {
 		if err != nil || got != tt.j {
 			t.Errorf("ParseJitter(%q) = %v, %v; want %v, nil", strings.ToUpper(tt.name), got, err, tt.j)
 		}
+	}
+	if policy.NoJitter == 0 {
+		t.Error("NoJitter is the zero value; the zero value must be FullJitter")
+	}
+	if got := policy.Jitter(0).String(); got != "full" {
+		t.Errorf("Jitter(0).String() = %q, want %q", got, "full")
 	}
 	if got := policy.Jitter(9).String(); got != "Jitter(9)" {
 		t.Errorf("Jitter(9).String() = %q", got)
@@ -193,6 +245,7 @@ func TestValidate(t *testing.T) {
 		{"NaN multiplier", policy.Policy{Multiplier: math.NaN()}, "Multiplier", "NaN"},
 		{"Inf multiplier", policy.Policy{Multiplier: math.Inf(1)}, "Multiplier", "+Inf"},
 		{"unknown jitter", policy.Policy{Jitter: 7}, "Jitter", "7"},
+		{"jitter just past the last", policy.Policy{Jitter: policy.DecorrelatedJitter + 1}, "Jitter", "4"},
 		{"negative jitter", policy.Policy{Jitter: -1}, "Jitter", "-1"},
 		{"negative per-attempt timeout", policy.Policy{PerAttemptTimeout: -ms}, "PerAttemptTimeout", "-1ms"},
 		{"OK retryable", policy.Policy{RetryableCodes: []codes.Code{codes.Unavailable, codes.OK}}, "RetryableCodes[1]", "OK"},
@@ -217,6 +270,10 @@ func TestValidate(t *testing.T) {
 		{InitialBackoff: 10 * ms, MaxBackoff: 10 * ms},
 		{RetryableCodes: []codes.Code{codes.DeadlineExceeded, codes.Internal}},
 		{Jitter: policy.DecorrelatedJitter, PerAttemptTimeout: time.Second},
+		{Jitter: 0},
+		{Jitter: policy.FullJitter},
+		{Jitter: policy.NoJitter},
+		{Jitter: policy.EqualJitter},
 	} {
 		if err := ok.Validate(); err != nil {
 			t.Errorf("Validate(%+v) = %v, want nil", ok, err)

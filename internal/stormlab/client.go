@@ -69,14 +69,15 @@ type Strategy struct {
 // at once, a fixed wait, exponential without jitter, exponential with full,
 // equal and decorrelated jitter, and herdguard's defaults (full jitter with
 // the breaker). All are herdguard policies; "at once" and "fixed" are
-// policies with multiplier 1.
+// policies with multiplier 1 and, like "exponential", ask for NoJitter by
+// name (a zero Jitter is full jitter).
 func Strategies(sc Scenario) []Strategy {
 	exp := func(j policy.Jitter) policy.Policy {
 		return policy.Policy{MaxAttempts: sc.Attempts, InitialBackoff: sc.Base, MaxBackoff: sc.Cap, Multiplier: 2, Jitter: j}
 	}
 	return []Strategy{
-		{Name: "retry at once", Policy: policy.Policy{MaxAttempts: sc.Attempts, InitialBackoff: 1, MaxBackoff: 1, Multiplier: 1}},
-		{Name: "fixed wait", Policy: policy.Policy{MaxAttempts: sc.Attempts, InitialBackoff: sc.Base, MaxBackoff: sc.Base, Multiplier: 1}},
+		{Name: "retry at once", Policy: policy.Policy{MaxAttempts: sc.Attempts, InitialBackoff: 1, MaxBackoff: 1, Multiplier: 1, Jitter: policy.NoJitter}},
+		{Name: "fixed wait", Policy: policy.Policy{MaxAttempts: sc.Attempts, InitialBackoff: sc.Base, MaxBackoff: sc.Base, Multiplier: 1, Jitter: policy.NoJitter}},
 		{Name: "exponential", Policy: exp(policy.NoJitter)},
 		{Name: "exponential + full jitter", Policy: exp(policy.FullJitter)},
 		{Name: "exponential + equal jitter", Policy: exp(policy.EqualJitter)},
