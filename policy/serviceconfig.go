@@ -2,13 +2,15 @@ package policy
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/herdguard/herdguard"
 )
@@ -48,7 +50,9 @@ func (sc *ServiceConfig) PolicyFor(fullMethod string) (p Policy, ok bool) {
 
 // The JSON shapes of gRPC's service config, as far as herdguard reads it.
 // encoding/json matches field names regardless of case and ignores unknown
-// fields, as gRPC does.
+// fields, as gRPC's own parser (which also uses encoding/json) does. Durations
+// and status codes stay raw here and are read one by one, so that an error
+// can name its JSON path.
 type serviceConfigJSON struct {
 	MethodConfig    []methodConfigJSON `json:"methodConfig"`
 	RetryThrottling *struct {
@@ -62,11 +66,11 @@ type methodConfigJSON struct {
 		Service string `json:"service"`
 		Method  string `json:"method"`
 	} `json:"name"`
-	Timeout     *string `json:"timeout"`
+	Timeout     *json.RawMessage `json:"timeout"`
 	RetryPolicy *struct {
 		MaxAttempts          *float64          `json:"maxAttempts"`
-		InitialBackoff       *string           `json:"initialBackoff"`
-		MaxBackoff           *string           `json:"maxBackoff"`
+		InitialBackoff       *json.RawMessage  `json:"initialBackoff"`
+		MaxBackoff           *json.RawMessage  `json:"maxBackoff"`
 		BackoffMultiplier    *float64          `json:"backoffMultiplier"`
 		RetryableStatusCodes []json.RawMessage `json:"retryableStatusCodes"`
 	} `json:"retryPolicy"`
@@ -74,14 +78,24 @@ type methodConfigJSON struct {
 
 // ParseServiceConfig reads gRPC's service config JSON: methodConfig with
 // names, retryPolicy and timeout, and retryThrottling. Unknown fields are
-// ignored, as gRPC ignores them; an invalid value is an error that names its
-// JSON path and the value.
+// ignored and field names match in any case, as in gRPC; an invalid value is
+// an error that names its JSON path and the value.
+//
+// Values are read as gRPC reads them: durations as protobuf's JSON mapping
+// of google.protobuf.Duration writes them ("0.1s", "1.5s", ".01s"), through
+// protojson and durationpb; status codes through codes.Code's UnmarshalJSON,
+// as a quoted upper-case name ("UNAVAILABLE") or a number (14), so
+// "unavailable" is refused as gRPC refuses it; OK and CANCELLED are refused
+// too, as neither is a failure to retry.
 //
 // Where herdguard differs from gRPC: maxAttempts is not capped at 5;
 // backoffMultiplier must be at least 1; maxBackoff must not be below
-// initialBackoff; and every imported policy waits with FullJitter, where
-// gRPC multiplies each wait by a random factor in [0.8, 1.2]. A method
-// config without a retryPolicy makes a single attempt, as in gRPC.
+// initialBackoff; a negative timeout is refused; a duration must follow
+// protobuf's JSON mapping, so the forms only gRPC's own lenient reader takes
+// ("01s", "--1s") are refused; and every imported policy waits with
+// FullJitter, where gRPC multiplies each wait by a random factor in
+// [0.8, 1.2]. A method config without a retryPolicy makes a single attempt,
+// as in gRPC.
 func ParseServiceConfig(data []byte) (*ServiceConfig, error) {
 	var raw serviceConfigJSON
 	if err := json.Unmarshal(data, &raw); err != nil {
@@ -135,11 +149,14 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 	bad := func(field string, value any, why string) error {
 		return fmt.Errorf("policy: service config: %s.%s = %v: %s", at, field, value, why)
 	}
+	badErr := func(field string, value any, err error) error {
+		return fmt.Errorf("policy: service config: %s.%s = %v: %w", at, field, value, err)
+	}
 	p := Policy{MaxAttempts: 1}
 	if mc.Timeout != nil {
 		d, err := parseDuration(*mc.Timeout)
 		if err != nil {
-			return p, bad("timeout", strconv.Quote(*mc.Timeout), err.Error())
+			return p, badErr("timeout", string(*mc.Timeout), err)
 		}
 		p.Timeout = d
 	}
@@ -164,23 +181,29 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 	}
 	p.MaxAttempts = int(*rp.MaxAttempts)
 	var err error
-	if p.InitialBackoff, err = parseDuration(*rp.InitialBackoff); err != nil || p.InitialBackoff == 0 {
-		return p, bad("initialBackoff", strconv.Quote(*rp.InitialBackoff), "must be a positive duration such as \"0.1s\"")
+	if p.InitialBackoff, err = parseDuration(*rp.InitialBackoff); err != nil {
+		return p, badErr("initialBackoff", string(*rp.InitialBackoff), err)
 	}
-	if p.MaxBackoff, err = parseDuration(*rp.MaxBackoff); err != nil || p.MaxBackoff == 0 {
-		return p, bad("maxBackoff", strconv.Quote(*rp.MaxBackoff), "must be a positive duration such as \"1s\"")
+	if p.InitialBackoff == 0 {
+		return p, bad("initialBackoff", string(*rp.InitialBackoff), "must be positive, such as \"0.1s\"")
+	}
+	if p.MaxBackoff, err = parseDuration(*rp.MaxBackoff); err != nil {
+		return p, badErr("maxBackoff", string(*rp.MaxBackoff), err)
+	}
+	if p.MaxBackoff == 0 {
+		return p, bad("maxBackoff", string(*rp.MaxBackoff), "must be positive, such as \"1s\"")
 	}
 	if p.MaxBackoff < p.InitialBackoff {
-		return p, bad("maxBackoff", strconv.Quote(*rp.MaxBackoff), "must not be below initialBackoff")
+		return p, bad("maxBackoff", string(*rp.MaxBackoff), "must not be below initialBackoff")
 	}
 	p.Multiplier = *rp.BackoffMultiplier
 	if !(p.Multiplier >= 1) || math.IsInf(p.Multiplier, 0) {
 		return p, bad("backoffMultiplier", p.Multiplier, "must be at least 1 (gRPC allows more than 0; herdguard does not shrink waits)")
 	}
 	for i, rc := range rp.RetryableStatusCodes {
-		c, err := parseCodeJSON(rc)
+		c, err := parseCode(rc)
 		if err != nil {
-			return p, bad(fmt.Sprintf("retryableStatusCodes[%d]", i), string(rc), err.Error())
+			return p, badErr(fmt.Sprintf("retryableStatusCodes[%d]", i), string(rc), err)
 		}
 		p.RetryableCodes = append(p.RetryableCodes, c)
 	}
@@ -191,41 +214,41 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 	return p, nil
 }
 
-// parseDuration reads a protobuf JSON duration: decimal seconds with an "s"
-// suffix, such as "0.1s" or "2s".
-func parseDuration(s string) (time.Duration, error) {
-	num, ok := strings.CutSuffix(s, "s")
-	if !ok || num == "" || strings.ContainsAny(num, "eE+ ") {
-		return 0, fmt.Errorf(`want seconds with an "s" suffix, such as "0.1s"`)
+// parseDuration reads a JSON string as a google.protobuf.Duration, the way
+// gRPC's service config writes its durations: decimal seconds with an "s"
+// suffix ("0.1s", "1.5s", ".01s"). protojson reads the syntax and durationpb
+// checks the range; a negative duration is refused.
+func parseDuration(raw json.RawMessage) (time.Duration, error) {
+	var d durationpb.Duration
+	if err := protojson.Unmarshal(raw, &d); err != nil {
+		return 0, fmt.Errorf(`not a protobuf JSON duration (seconds with an "s" suffix, such as "0.1s"): %w`, err)
 	}
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || f < 0 || f > 315576000000 || math.IsNaN(f) {
-		return 0, fmt.Errorf(`want a non-negative number of seconds with an "s" suffix`)
+	// protojson takes "." alone as zero seconds (".s"); gRPC and protobuf's
+	// JSON mapping want at least one digit.
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil || !strings.ContainsAny(s, "0123456789") {
+		return 0, errors.New(`not a protobuf JSON duration: no digits`)
 	}
-	return time.ParseDuration(s)
-}
-
-// parseCodeJSON reads a status code written as a name ("UNAVAILABLE") or a
-// number (14). OK and CANCELLED are refused: neither is a failure to retry.
-func parseCodeJSON(raw json.RawMessage) (codes.Code, error) {
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
+	if err := d.CheckValid(); err != nil {
 		return 0, err
 	}
+	if d.GetSeconds() < 0 || d.GetNanos() < 0 {
+		return 0, errors.New("must not be negative")
+	}
+	return d.AsDuration(), nil
+}
+
+// parseCode reads a status code as gRPC's own service config parser does,
+// with codes.Code's UnmarshalJSON: a quoted upper-case name ("UNAVAILABLE")
+// or a number (14). OK and CANCELLED are refused: neither is a failure to
+// retry.
+func parseCode(raw json.RawMessage) (codes.Code, error) {
 	var c codes.Code
-	switch v := v.(type) {
-	case string:
-		var ok bool
-		if c, ok = herdguard.ParseCode(v); !ok {
-			return 0, fmt.Errorf("not a status code name")
-		}
-	case float64:
-		if v != math.Trunc(v) || v < 0 || v > float64(codes.Unauthenticated) {
-			return 0, fmt.Errorf("not a status code number")
-		}
-		c = codes.Code(v)
-	default:
-		return 0, fmt.Errorf("want a status code name or number")
+	if string(raw) == "null" { // UnmarshalJSON leaves c alone: not a code
+		return 0, errors.New(`want a status code, an upper-case name such as "UNAVAILABLE" or a number from 0 to 16`)
+	}
+	if err := c.UnmarshalJSON(raw); err != nil {
+		return 0, fmt.Errorf(`want an upper-case name such as "UNAVAILABLE" or a number from 0 to 16, as gRPC reads it: %w`, err)
 	}
 	if c == codes.OK || c == codes.Canceled {
 		return 0, fmt.Errorf("%s is not a failure to retry", herdguard.CodeName(c))

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/herdguard/herdguard/policy"
 )
@@ -20,7 +22,7 @@ const fullConfig = `{
        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}},
     {"name": [{"service": "shop.v1.Catalog"}],
      "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.05s", "maxBackoff": "2s",
-       "backoffMultiplier": 1.5, "retryableStatusCodes": ["UNAVAILABLE", 8, "deadline_exceeded"],
+       "backoffMultiplier": 1.5, "retryableStatusCodes": ["UNAVAILABLE", 8, "DEADLINE_EXCEEDED"],
        "unknownField": true}},
     {"name": [{"service": "shop.v1.Payments", "method": "Charge"}, {"service": "shop.v1.Payments", "method": "Refund"}],
      "timeout": "2.5s", "waitForReady": true}
@@ -121,6 +123,201 @@ func TestParseServiceConfigErrors(t *testing.T) {
 			if !strings.Contains(err.Error(), w) {
 				t.Errorf("ParseServiceConfig(%s) = %q, want it to contain %q", tt.json, err, w)
 			}
+		}
+	}
+}
+
+// withTimeout and withBackoff put a JSON value where a duration goes.
+func withTimeout(v string) string {
+	return `{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": ` + v + `}]}`
+}
+
+func withBackoff(v string) string {
+	return `{"methodConfig": [{"name": [{"service": "s.S"}], "retryPolicy": {"maxAttempts": 3, "initialBackoff": ` + v +
+		`, "maxBackoff": "315576000000s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`
+}
+
+func withCode(v string) string {
+	return `{"methodConfig": [{"name": [{"service": "s.S"}], "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s",` +
+		` "maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": [` + v + `]}}]}`
+}
+
+func TestParseServiceConfigDurations(t *testing.T) {
+	tests := []struct {
+		value string
+		want  time.Duration
+	}{
+		{`"0.1s"`, 100 * ms},
+		{`"1.5s"`, 1500 * ms},
+		{`"10s"`, 10 * time.Second},
+		{`".01s"`, 10 * ms}, // grpc-go's own retry tests write this
+		{`"1.s"`, time.Second},
+		{`"+2s"`, 2 * time.Second},
+		{`"0.000000001s"`, time.Nanosecond},
+		{`"3.000000000s"`, 3 * time.Second},
+		{`"\u0031s"`, time.Second}, // a JSON escape of "1s"
+	}
+	for _, tt := range tests {
+		t.Run(tt.value, func(t *testing.T) {
+			sc, err := policy.ParseServiceConfig([]byte(withTimeout(tt.value)))
+			if err != nil {
+				t.Fatalf("timeout %s: %v", tt.value, err)
+			}
+			if got := sc.Services["s.S"].Timeout; got != tt.want {
+				t.Errorf("timeout %s = %v, want %v", tt.value, got, tt.want)
+			}
+			sc, err = policy.ParseServiceConfig([]byte(withBackoff(tt.value)))
+			if err != nil {
+				t.Fatalf("initialBackoff %s: %v", tt.value, err)
+			}
+			if got := sc.Services["s.S"].InitialBackoff; got != tt.want {
+				t.Errorf("initialBackoff %s = %v, want %v", tt.value, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseServiceConfigDurationErrors(t *testing.T) {
+	for _, value := range []string{
+		`"-1s"`, `"-0.1s"`, // negative
+		`"1"`, `"100ms"`, `"1m"`, // no "s" suffix, or another unit
+		`"soon"`, `"s"`, `".s"`, `"1e3s"`, `" 1s"`, `"1 s"`, `"1_0s"`, `"01s"`, `"--1s"`, // garbage
+		`"0.0000000001s"`, // finer than a nanosecond
+		`"315576000001s"`, // beyond google.protobuf.Duration's range
+		`1`, `true`, `{}`, // not a string
+	} {
+		t.Run(value, func(t *testing.T) {
+			_, err := policy.ParseServiceConfig([]byte(withTimeout(value)))
+			if want := "methodConfig[0].timeout = " + value; err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("timeout %s: err = %v, want one containing %q", value, err, want)
+			}
+			_, err = policy.ParseServiceConfig([]byte(withBackoff(value)))
+			if want := "methodConfig[0].retryPolicy.initialBackoff = " + value; err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("initialBackoff %s: err = %v, want one containing %q", value, err, want)
+			}
+		})
+	}
+}
+
+func TestParseServiceConfigCodes(t *testing.T) {
+	tests := []struct {
+		value string
+		want  codes.Code
+	}{
+		{`"UNAVAILABLE"`, codes.Unavailable},
+		{`"DEADLINE_EXCEEDED"`, codes.DeadlineExceeded},
+		{`"UNAUTHENTICATED"`, codes.Unauthenticated},
+		{`"UNKNOWN"`, codes.Unknown},
+		{`14`, codes.Unavailable},
+		{`2`, codes.Unknown},
+		{`16`, codes.Unauthenticated},
+	}
+	for _, tt := range tests {
+		sc, err := policy.ParseServiceConfig([]byte(withCode(tt.value)))
+		if err != nil {
+			t.Errorf("retryableStatusCodes [%s]: %v", tt.value, err)
+			continue
+		}
+		if got := sc.Services["s.S"].RetryableCodes; !slices.Equal(got, []codes.Code{tt.want}) {
+			t.Errorf("retryableStatusCodes [%s] = %v, want [%v]", tt.value, got, tt.want)
+		}
+	}
+}
+
+func TestParseServiceConfigCodeErrors(t *testing.T) {
+	tests := []struct {
+		value string
+		why   string // must also appear in the error
+	}{
+		{`"unavailable"`, "upper-case"}, // gRPC refuses lower case too
+		{`"Unavailable"`, "upper-case"},
+		{`"CANCELED"`, "upper-case"}, // gRPC spells it CANCELLED
+		{`"SOMETIMES"`, "upper-case"},
+		{`"14"`, "upper-case"}, // a number, but quoted
+		{`14.0`, "upper-case"},
+		{`-1`, "upper-case"},
+		{`17`, "upper-case"},
+		{`true`, "upper-case"},
+		{`null`, "upper-case"},
+		{`"OK"`, "OK is not a failure to retry"},
+		{`0`, "OK is not a failure to retry"},
+		{`"CANCELLED"`, "CANCELLED is not a failure to retry"},
+		{`1`, "CANCELLED is not a failure to retry"},
+	}
+	for _, tt := range tests {
+		_, err := policy.ParseServiceConfig([]byte(withCode(`"UNAVAILABLE", ` + tt.value)))
+		for _, want := range []string{"methodConfig[0].retryPolicy.retryableStatusCodes[1] = " + tt.value, tt.why} {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("retryableStatusCodes [\"UNAVAILABLE\", %s]: err = %v, want one containing %q", tt.value, err, want)
+			}
+		}
+	}
+}
+
+// TestParseServiceConfigFieldNamesAnyCase: gRPC reads its service config
+// with encoding/json, which matches field names in any case; so does
+// herdguard.
+func TestParseServiceConfigFieldNamesAnyCase(t *testing.T) {
+	const sc = `{"MethodConfig": [{"Name": [{"Service": "s.S", "METHOD": "M"}], "Timeout": "2s",
+	  "RetryPolicy": {"MaxAttempts": 4, "InitialBackoff": "0.5s", "MaxBackoff": "3s", "BackoffMultiplier": 3,
+	    "RetryableStatusCodes": ["INTERNAL"]}}],
+	 "RetryThrottling": {"MaxTokens": 10, "TokenRatio": 0.5}}`
+	got, err := policy.ParseServiceConfig([]byte(sc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := policy.Policy{MaxAttempts: 4, InitialBackoff: 500 * ms, MaxBackoff: 3 * time.Second, Multiplier: 3,
+		RetryableCodes: []codes.Code{codes.Internal}, Timeout: 2 * time.Second}
+	if p, ok := got.PolicyFor("/s.S/M"); !ok || !equalPolicy(p, want) {
+		t.Errorf("PolicyFor(/s.S/M) = %+v, %v; want %+v", p, ok, want)
+	}
+	if got.Throttling == nil || *got.Throttling != (policy.Throttling{MaxTokens: 10, TokenRatio: 0.5}) {
+		t.Errorf("throttling %+v, want 10 tokens, ratio 0.5", got.Throttling)
+	}
+}
+
+// TestParseServiceConfigAsGRPCReadsIt gives the same values to gRPC's own
+// service config parser (through grpc.WithDefaultServiceConfig, which makes
+// NewClient fail on an invalid config; no connection is made) and to
+// ParseServiceConfig: they must agree, but for the differences that
+// ParseServiceConfig documents.
+func TestParseServiceConfigAsGRPCReadsIt(t *testing.T) {
+	grpcAccepts := func(sc string) bool {
+		cc, err := grpc.NewClient("passthrough:///unused", grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultServiceConfig(sc))
+		if err == nil {
+			cc.Close()
+		}
+		return err == nil
+	}
+	// herdguard refuses these where gRPC accepts them, on purpose.
+	differs := map[string]bool{
+		withTimeout(`"-1s"`): true, withTimeout(`"-0.1s"`): true, // a negative timeout
+		withTimeout(`"01s"`): true, withBackoff(`"01s"`): true, // not protobuf's JSON mapping
+		withTimeout(`"--1s"`): true, withBackoff(`"--1s"`): true,
+		withCode(`"OK"`): true, withCode(`0`): true, withCode(`null`): true, // not failures to retry
+		withCode(`"CANCELLED"`): true, withCode(`1`): true,
+	}
+	var configs []string
+	for _, d := range []string{`"0.1s"`, `"1.5s"`, `"10s"`, `".01s"`, `"1.s"`, `"+2s"`, `"0s"`, `"-1s"`, `"-0.1s"`, `"1"`, `"100ms"`,
+		`"soon"`, `"s"`, `".s"`, `"1e3s"`, `"01s"`, `"--1s"`, `"0.0000000001s"`, `"315576000001s"`, `1`} {
+		configs = append(configs, withTimeout(d), withBackoff(d))
+	}
+	for _, c := range []string{`"UNAVAILABLE"`, `14`, `16`, `"unavailable"`, `"Unavailable"`, `"14"`, `14.0`, `-1`, `17`, `null`,
+		`"OK"`, `0`, `"CANCELLED"`, `"CANCELED"`, `1`} {
+		configs = append(configs, withCode(c))
+	}
+	for _, sc := range configs {
+		_, err := policy.ParseServiceConfig([]byte(sc))
+		g, h := grpcAccepts(sc), err == nil
+		if differs[sc] {
+			if !g || h {
+				t.Errorf("%s: gRPC accepts %v, herdguard %v (%v); want a documented difference: gRPC true, herdguard false", sc, g, h, err)
+			}
+			continue
+		}
+		if g != h {
+			t.Errorf("%s: gRPC accepts %v, herdguard %v (%v); want them to agree", sc, g, h, err)
 		}
 	}
 }
