@@ -149,11 +149,16 @@ type SVGSection struct {
 }
 
 // WriteSVG draws the histograms of every section in one SVG file, the
-// sections one above the other.
+// sections one above the other. A section with no results draws nothing, as
+// WriteHistograms writes nothing for no results; with none at all the file
+// is an empty chart.
 func WriteSVG(w io.Writer, sections []SVGSection) error {
 	var parts []string
 	height, width := 0, 0
 	for _, s := range sections {
+		if len(s.Results) == 0 {
+			continue
+		}
 		body, h, wd := svgSection(s.Title, s.Results, height)
 		parts = append(parts, body)
 		height += h
@@ -166,6 +171,7 @@ func WriteSVG(w io.Writer, sections []SVGSection) error {
 
 // svgSection draws one panel per result, a bar per window, all panels on
 // one scale, starting at y0. It returns the drawing, its height and width.
+// results must not be empty.
 func svgSection(title string, results []Result, y0 int) (string, int, int) {
 	const (
 		panelH, barAreaH, left, right, top = 90, 60, 230, 20, 40
