@@ -33,6 +33,7 @@ help: ## Show the targets
 test: ## Run all tests with the race detector, then the allocation tests without it
 	$(GO) test -race -count=1 -p 1 ./...
 	$(GO) test -count=1 -run Alloc ./breaker/ ./budget/ ./interceptor/ ./internal/cow/
+	cd conformance && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd bench && $(GO) vet . && $(GO) test -count=1 .
 
 .PHONY: build
