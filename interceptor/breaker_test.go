@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
+	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/testserver"
 	"github.com/herdguard/herdguard/policy"
@@ -176,5 +178,64 @@ func waitHalfOpen(t *testing.T, b *breaker.Breaker) {
 			t.Fatalf("breaker still %v after %v", b.State(), callTimeout)
 		}
 		time.Sleep(5 * ms)
+	}
+}
+
+// TestBreakerVerdictSetting: the breaker's Verdict decides what a code
+// tells it. By the default table one tenant's ResourceExhausted quota counts
+// against the whole target; a Verdict that ignores it keeps the breaker
+// closed, for unary calls and streams alike, while other failures still
+// count.
+func TestBreakerVerdictSetting(t *testing.T) {
+	ignoreQuota := func(err error) herdguard.Verdict {
+		if status.Code(err) == codes.ResourceExhausted {
+			return herdguard.Ignored
+		}
+		return herdguard.BreakerVerdict(status.Code(err))
+	}
+	for _, tc := range []struct {
+		name    string
+		verdict func(error) herdguard.Verdict
+		code    codes.Code
+		want    breaker.State
+	}{
+		{"default table, quota", nil, codes.ResourceExhausted, breaker.Open},
+		{"quota ignored, quota", ignoreQuota, codes.ResourceExhausted, breaker.Closed},
+		{"quota ignored, internal", ignoreQuota, codes.Internal, breaker.Open},
+		{"default table, not found", nil, codes.NotFound, breaker.Closed},
+	} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stream=%v", tc.name, stream), func(t *testing.T) {
+				fails := status.Error(tc.code, "scripted")
+				srv := testserver.Start(t, &testserver.Server{
+					Unary: fail(tc.code).unary,
+					ServerStream: func(*testgrpc.StreamingOutputCallRequest, testgrpc.TestService_StreamingOutputCallServer) error {
+						return fails
+					},
+				})
+				c, ic := streamClient(t, srv, WithBreaker(breaker.Settings{ConsecutiveFailures: 3, Verdict: tc.verdict}))
+				method := testserver.MethodUnary
+				if stream {
+					method = "/grpc.testing.TestService/StreamingOutputCall"
+				}
+				for range 3 {
+					var err error
+					if stream {
+						var s testgrpc.TestService_StreamingOutputCallClient
+						if s, err = c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{}, NoRetry()); err == nil {
+							_, err = s.Recv()
+						}
+					} else {
+						err = call(t, c, NoRetry())
+					}
+					if status.Code(err) != tc.code {
+						t.Fatalf("call: %v, want %v", err, tc.code)
+					}
+				}
+				if got := ic.Breakers().Get(testserver.Target, method).State(); got != tc.want {
+					t.Errorf("breaker %v after 3 calls failing %v, want %v", got, tc.code, tc.want)
+				}
+			})
+		}
 	}
 }
