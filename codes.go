@@ -33,9 +33,12 @@
 //	Canceled             ignored           the caller gave up; says nothing of the server
 //	any other number     failure           treated as Unknown
 //
-// A DeadlineExceeded that comes from the caller's own context running out is
-// the caller's decision, like Canceled, and counts as neither: the
-// interceptor reports it as [Ignored], not through this table.
+// A DeadlineExceeded that comes from the caller's own context is judged by
+// when it ran out: while an attempt was in flight, the server did not answer
+// in time, and the table applies (failure); during a backoff wait, or
+// before the first attempt, it says nothing of the server, like Canceled,
+// and the interceptor reports it as [Ignored]. breaker.Settings.Verdict
+// replaces the table.
 package herdguard
 
 import (

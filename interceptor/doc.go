@@ -22,7 +22,8 @@
 //
 // An attempt is retried when its code is one of the policy's RetryableCodes,
 // or it is a DeadlineExceeded of an attempt run under PerAttemptTimeout, and
-// the caller's context is alive, and attempts remain. Before attempt n+1 it
+// the caller's context is alive, and attempts remain, and the server sent
+// no response headers (gRFC A6: headers commit the call). Before attempt n+1 it
 // waits [policy.Policy.Backoff], or the server's pushback
 // ([PushbackTrailerKey], gRFC A6: a non-negative number of milliseconds
 // replaces the wait and restarts the backoff; anything else stops the
@@ -30,15 +31,23 @@
 // once with the last attempt's status. Every retry carries
 // [AttemptMetadataKey] with its attempt number.
 //
-// A call that fails with a code the policy does not retry, or that the
-// caller cancelled, returns gRPC's error as it is. A call whose retries
+// A call that fails with a code the policy does not retry, that may make a
+// single attempt only, that failed after the server sent headers, or that
+// the caller cancelled, returns gRPC's error as it is. A call whose retries
 // stopped returns a [*RetryError] that carries the last status: status.Code
 // and status.FromError see through it.
 //
 // # Circuit breaker
 //
 // The breaker wraps the whole retry loop: one call is one result, counted
-// once its retries are over, by the table in package herdguard. An open
+// once its retries are over, by breaker.Settings.Verdict (by default the
+// table in package herdguard). A call the caller cancelled counts for
+// nothing, as does one whose deadline ran out during a backoff wait or
+// before its first attempt; a deadline that runs out while an attempt is in
+// flight is a failure: the server did not answer in time. A stream counts
+// as a success as soon as the server answers it (headers or a message), so
+// a long healthy stream admitted as a half-open probe closes the breaker at
+// once; a stream that fails after that counts for nothing more. An open
 // breaker fails a call at once with a [*breaker.OpenError]: errors.Is(err,
 // breaker.ErrOpen) holds and status.Code(err) is Unavailable. A call through
 // a half-open breaker is a probe and makes a single attempt.
@@ -62,17 +71,28 @@
 // and herdguard.backoff.jitter, the Jitter's name or "pushback"). Breaker
 // refusals and state changes are events on the call span. The attempt
 // span's context is what the next interceptor and gRPC's stats handlers
-// see, so otelgrpc's spans nest under each attempt. When the provider is a
-// no-op, no span work is done at all.
+// see, so otelgrpc's spans nest under each attempt. When the provider makes
+// no spans (a no-op, or the global provider before an SDK is installed), no
+// span work is done at all.
 //
 // # Streams
 //
-// [Interceptor.Stream] retries every stream kind until the stream commits
-// (the caller received headers or a message, or the replay buffer of
-// [DefaultStreamBuffer] bytes overflowed), replaying the messages sent and
-// CloseSend into each new attempt. gRPC forbids changing a message after
-// SendMsg; herdguard keeps gRPC's own encoding of each message, so a replay
-// sends the bytes the first attempt sent.
+// [Interceptor.Stream] retries every stream kind until the stream commits:
+// the server's response headers or a message reached it, the caller called
+// Context, or the replay buffer of [DefaultStreamBuffer] bytes overflowed.
+// Each new attempt replays the messages sent and CloseSend. SendMsg, RecvMsg
+// and Header all drive a retry when they find the attempt broken, through
+// one funnel, as gRPC's own stream does. Interceptors chained after
+// herdguard's see the caller's messages; the buffer keeps each message
+// encoded, and a replay sends a new message of the caller's type decoded
+// from it.
+//
+// # gRPC's own retry
+//
+// [Interceptor.DialOptions] turns gRPC's retry off (grpc.WithDisableRetry),
+// so that a service config's retryPolicy does not run inside every herdguard
+// attempt; install Unary and Stream by hand and you must add it yourself.
+// gRPC's transparent retry of requests that never reached a server stays.
 //
 // # Budgets, service configs, idempotency
 //

@@ -53,7 +53,8 @@ func defaultConfig() config {
 
 // WithPolicy sets the policy of every call that no method policy or call
 // option overrides. Without it, calls use [policy.Default]. Zero fields of p
-// mean their defaults; note that p.Jitter's zero value is NoJitter.
+// mean their defaults: a zero Jitter is full jitter; ask for none with
+// policy.NoJitter.
 func WithPolicy(p policy.Policy) Option {
 	return optionFunc(func(c *config) { c.policy = p })
 }
