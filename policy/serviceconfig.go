@@ -90,7 +90,7 @@ type methodConfigJSON struct {
 //
 // Where herdguard differs from gRPC: maxAttempts is not capped at 5;
 // backoffMultiplier must be at least 1; maxBackoff must not be below
-// initialBackoff; a negative timeout is refused; a duration must follow
+// initialBackoff; a negative or zero timeout is refused; a duration must follow
 // protobuf's JSON mapping, so the forms only gRPC's own lenient reader takes
 // ("01s", "--1s") are refused; and every imported policy waits with
 // FullJitter, where gRPC multiplies each wait by a random factor in
@@ -157,6 +157,10 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 		d, err := parseDuration(*mc.Timeout)
 		if err != nil {
 			return p, badErr("timeout", string(*mc.Timeout), err)
+		}
+		if d == 0 {
+			// gRPC would end every call at once; a zero Timeout means none.
+			return p, bad("timeout", string(*mc.Timeout), "must be positive (gRPC takes zero as an immediate deadline, herdguard's zero Timeout means no bound)")
 		}
 		p.Timeout = d
 	}

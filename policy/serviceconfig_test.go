@@ -293,6 +293,7 @@ func TestParseServiceConfigAsGRPCReadsIt(t *testing.T) {
 	// herdguard refuses these where gRPC accepts them, on purpose.
 	differs := map[string]bool{
 		withTimeout(`"-1s"`): true, withTimeout(`"-0.1s"`): true, // a negative timeout
+		withTimeout(`"0s"`): true, // a zero one: an immediate deadline in gRPC
 		withTimeout(`"01s"`): true, withBackoff(`"01s"`): true, // not protobuf's JSON mapping
 		withTimeout(`"--1s"`): true, withBackoff(`"--1s"`): true,
 		withCode(`"OK"`): true, withCode(`0`): true, withCode(`null`): true, // not failures to retry
@@ -346,4 +347,16 @@ func FuzzParseServiceConfig(f *testing.F) {
 			check(p)
 		}
 	})
+}
+
+// TestParseServiceConfigZeroTimeout: gRPC takes a zero timeout as a deadline
+// that has passed already; herdguard's zero Timeout would mean none, so the
+// config is refused rather than read as the opposite of what it says.
+func TestParseServiceConfigZeroTimeout(t *testing.T) {
+	for _, v := range []string{`"0s"`, `"0.0s"`, `"-0s"`} {
+		_, err := policy.ParseServiceConfig([]byte(withTimeout(v)))
+		if want := "methodConfig[0].timeout = " + v + ": must be positive"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("timeout %s: err = %v, want one containing %q", v, err, want)
+		}
+	}
 }
