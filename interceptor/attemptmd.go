@@ -57,17 +57,18 @@ func (c *attemptContext) Value(key any) any {
 
 // retryNumbers numbers the retries of one call. If the caller sent no
 // metadata of its own, each retry gets a context that answers gRPC's
-// metadata lookup from one made once per attempt number; they are made four
-// at a time, so a call that retries up to four times allocates once. Each is
-// set before its attempt and never changed after. If the caller sent
+// metadata lookup from one made once per attempt number; they are made up
+// to four at a time, as many as the call may still need, so a call that
+// retries up to four times allocates once. Each is set before its attempt
+// and never changed after. If the caller sent
 // metadata, each retry appends the number to it, never changing it in place.
 type retryNumbers struct {
 	checked, callerMD bool
 	spare             []attemptContext
 }
 
-// context returns ctx numbered as attempt n (n >= 2).
-func (r *retryNumbers) context(ctx context.Context, n int) context.Context {
+// context returns ctx numbered as attempt n (2 <= n <= maxAttempts).
+func (r *retryNumbers) context(ctx context.Context, n, maxAttempts int) context.Context {
 	if !r.checked {
 		_, r.callerMD = metadata.FromOutgoingContext(ctx)
 		r.checked = true
@@ -82,7 +83,7 @@ func (r *retryNumbers) context(ctx context.Context, n int) context.Context {
 		number = attemptNumberContext(n)
 	}
 	if len(r.spare) == 0 {
-		r.spare = make([]attemptContext, 4)
+		r.spare = make([]attemptContext, min(max(maxAttempts-n+1, 1), 4))
 	}
 	c := &r.spare[0]
 	r.spare = r.spare[1:]

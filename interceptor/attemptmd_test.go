@@ -46,11 +46,15 @@ func TestRetriesKeepTheCallersContext(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var inner []string
+			var (
+				inner []string
+				ctxs  []context.Context // as each attempt saw it
+			)
 			after := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 				if _, ok := ctx.Deadline(); !ok || ctx.Value(ctxKey{}) != "kept" {
 					inner = append(inner, "lost the caller's context")
 				}
+				ctxs = append(ctxs, ctx)
 				return invoker(ctx, method, req, reply, cc, opts...)
 			}
 			c := srv.Client(t, append(ic.DialOptions(), grpc.WithChainUnaryInterceptor(after))...)
@@ -82,6 +86,18 @@ func TestRetriesKeepTheCallersContext(t *testing.T) {
 					}
 				}
 			}
+			// A context handed to an attempt never changes: what a later
+			// interceptor kept from attempt i still numbers attempt i.
+			for i, ctx := range ctxs {
+				want := []string(nil)
+				if i > 0 {
+					want = []string{strconv.Itoa(i + 1)}
+				}
+				md, _ := metadata.FromOutgoingContext(ctx)
+				if got := md.Get(AttemptMetadataKey); !slices.Equal(got, want) {
+					t.Errorf("after the call, attempt %d's context says %s %q, want %q", i+1, AttemptMetadataKey, got, want)
+				}
+			}
 			if got := callerMD.Get(AttemptMetadataKey); len(got) != 0 {
 				t.Errorf("the caller's own metadata was changed: %v", callerMD)
 			}
@@ -91,8 +107,9 @@ func TestRetriesKeepTheCallersContext(t *testing.T) {
 
 // TestRetriedCallAllocatesOnce runs the interceptor alone on calls that
 // need 3 attempts: numbering the retries of a call whose context carries no
-// metadata of the caller's costs one allocation per call, and nothing else
-// in the loop allocates (the wait timer is pooled).
+// metadata of the caller's costs one allocation per call (the contexts of
+// both retries at once), and nothing else in the loop allocates (the wait
+// timer is pooled).
 func TestRetriedCallAllocatesOnce(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector makes sync.Pool drop pooled buffers")

@@ -221,7 +221,7 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 	s.a = a
 	ctx := s.ctx
 	if a.n > 1 {
-		ctx = s.numbers.context(ctx, a.n)
+		ctx = s.numbers.context(ctx, a.n, s.maxAttempts)
 	}
 	ctx, a.cancel = context.WithCancelCause(ctx)
 	if d := s.p.p.PerAttemptTimeout; d > 0 {

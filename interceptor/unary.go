@@ -182,7 +182,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		c.attempts = attempt
 		actx := ctx
 		if attempt > 1 {
-			actx = numbers.context(ctx, attempt)
+			actx = numbers.context(ctx, attempt, maxAttempts)
 		}
 		live := ctx.Err() == nil
 		end := c.attempt(actx, attempt, attempt < maxAttempts)
