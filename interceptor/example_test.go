@@ -13,6 +13,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
+	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/interceptor"
 	"github.com/herdguard/herdguard/policy"
@@ -109,4 +110,44 @@ func ExampleInterceptor_Stream() {
 	}
 	_, err = stream.CloseAndRecv() // a failure before the answer replays "a", "b"
 	_ = err
+}
+
+// The breaker's Verdict says which failures count against a target: here one
+// tenant's quota (ResourceExhausted) does not open the breaker for all.
+func ExampleWithBreaker_verdict() {
+	verdict := func(err error) herdguard.Verdict {
+		if status.Code(err) == codes.ResourceExhausted {
+			return herdguard.Ignored
+		}
+		return herdguard.BreakerVerdict(status.Code(err)) // the default table
+	}
+	ic, err := interceptor.New(interceptor.WithBreaker(breaker.Settings{Verdict: verdict}))
+	fmt.Println(ic != nil, err)
+	fmt.Println(verdict(status.Error(codes.ResourceExhausted, "tenant quota")), verdict(status.Error(codes.Unavailable, "down")))
+	// Output:
+	// true <nil>
+	// ignored failure
+}
+
+// A service config drives herdguard's policies; give it to gRPC too for
+// what herdguard does not read (waitForReady, size limits). DialOptions
+// turns gRPC's own retry off, so the retryPolicy runs once, in herdguard.
+func ExampleWithServiceConfig() {
+	const sc = `{"methodConfig": [{
+	  "name": [{"service": "shop.v1.Catalog"}],
+	  "waitForReady": true,
+	  "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+	    "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`
+	ic, err := interceptor.New(interceptor.WithServiceConfig(sc))
+	if err != nil {
+		log.Fatal(err)
+	}
+	cc, err := grpc.NewClient("dns:///catalog.internal:443", append(ic.DialOptions(),
+		grpc.WithDefaultServiceConfig(sc), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cc.Close()
+	fmt.Println("ready")
+	// Output: ready
 }
