@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
@@ -237,5 +238,27 @@ func TestBreakerVerdictSetting(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestStreamClientErrorDoesNotCount: a stream that ends with the client's
+// own SendMsg error (a message over the call's size limit) says nothing of
+// the server, though its code, ResourceExhausted, is one the table counts.
+func TestStreamClientErrorDoesNotCount(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{ClientStream: func(ss testgrpc.TestService_StreamingInputCallServer) error {
+		<-ss.Context().Done()
+		return ss.Context().Err()
+	}})
+	c, ic := streamClient(t, srv, WithBreaker(breaker.Settings{ConsecutiveFailures: 1}))
+	stream, err := c.StreamingInputCall(ctxT(t), grpc.MaxCallSendMsgSize(8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = stream.Send(&testgrpc.StreamingInputCallRequest{Payload: payload("far more than eight bytes")})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("Send: %v, want the client's own ResourceExhausted", err)
+	}
+	if got := ic.Breakers().Get(testserver.Target, "/grpc.testing.TestService/StreamingInputCall").State(); got != breaker.Closed {
+		t.Errorf("breaker %v after the client's own send error, want closed", got)
 	}
 }

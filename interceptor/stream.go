@@ -92,6 +92,7 @@ type retryStream struct {
 	err          error // the final error once finished; nil: ended OK
 	outcome      Outcome
 	idleDeadline bool // the deadline ran out while no attempt was in flight
+	callerErr    bool // the stream ended with the client's own SendMsg error
 	// breakerDone hears the stream's verdict, once: when the server first
 	// answers, or when the stream ends. nil without a breaker or once told.
 	breakerDone  func(herdguard.Verdict)
@@ -435,7 +436,9 @@ func (s *retryStream) SendMsg(m any) error {
 			return nil
 		case err != io.EOF:
 			// The client's own error (encoding, size, SendMsg after
-			// CloseSend): gRPC ends the stream with it, and so do we.
+			// CloseSend): gRPC ends the stream with it, and so do we. It
+			// says nothing of the server.
+			s.callerErr = true
 			s.mu.Unlock()
 			s.finish(err)
 			return err
@@ -697,7 +700,11 @@ func (s *retryStream) finishWith(err error, release bool) {
 	}
 	s.endAttemptLocked(a, err)
 	if s.breakerDone != nil {
-		s.breakerDone(s.ic.verdict(s.ctx, err, s.idleDeadline || !a.live))
+		v := herdguard.Ignored
+		if !s.callerErr {
+			v = s.ic.verdict(s.ctx, err, s.idleDeadline || !a.live)
+		}
+		s.breakerDone(v)
 		s.breakerDone = nil
 		s.breakerChangedLocked()
 	}
