@@ -156,10 +156,7 @@ func TestGRPCRetryUnary(t *testing.T) {
 		}
 		return status.Error(codes.AlreadyExists, "retryable")
 	}
-	calls := []struct {
-		want     codes.Code
-		requests int // the server's total after the call
-	}{
+	calls := []emptyCall{
 		{codes.OK, 1},             // the first attempt succeeds
 		{codes.OK, 3},             // one retry
 		{codes.OK, 6},             // two retries
@@ -168,6 +165,21 @@ func TestGRPCRetryUnary(t *testing.T) {
 		{codes.Internal, 12},      // two retries, then that code
 		{codes.AlreadyExists, 16}, // four attempts, all retryable: exhausted
 	}
+	playCalls(t, sc, answer, calls)
+}
+
+// emptyCall is one EmptyCall of a scripted sequence: the code it must end
+// with, and the server's count of requests after it.
+type emptyCall struct {
+	want     codes.Code
+	requests int
+}
+
+// playCalls makes the calls in order, in each mode, against a server that
+// answers the n-th request with answer(n), and checks each call's code and
+// the server's count after it.
+func playCalls(t *testing.T, sc string, answer func(context.Context, int) error, calls []emptyCall) {
+	t.Helper()
 	for _, m := range retryModes {
 		t.Run(string(m), func(t *testing.T) {
 			srv := testserver.Start(t, &testserver.Server{Empty: countingEmpty(answer)})
@@ -201,10 +213,7 @@ func TestGRPCRetryThrottling(t *testing.T) {
 		}
 		return status.Error(codes.Unavailable, "retryable")
 	}
-	calls := []struct {
-		want     codes.Code
-		requests int // the server's total after the call
-	}{
+	calls := []emptyCall{
 		{codes.OK, 1},           // 10 tokens, the most there can be
 		{codes.OK, 4},           // 10 -1 -1 +0.5 = 8.5
 		{codes.OK, 7},           // 8.5 -1 -1 +0.5 = 7
@@ -218,23 +227,7 @@ func TestGRPCRetryThrottling(t *testing.T) {
 		{codes.OK, 17},          // 6.5 -1 = 5.5 retries; +0.5 = 6
 		{codes.Unavailable, 18}, // 6 -1 = 5: no retry
 	}
-	for _, m := range retryModes {
-		t.Run(string(m), func(t *testing.T) {
-			srv := testserver.Start(t, &testserver.Server{Empty: countingEmpty(answer)})
-			c := srv.Client(t, dialRetry(t, m, sc, nil)...)
-			for i, call := range calls {
-				ctx, cancel := context.WithTimeout(context.Background(), portTimeout)
-				_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
-				cancel()
-				if got := status.Code(err); got != call.want {
-					t.Errorf("call %d: EmptyCall = %v; want code %v", i+1, err, call.want)
-				}
-				if got := srv.Requests(); got != call.requests {
-					t.Errorf("call %d: server has seen %d requests; want %d", i+1, got, call.requests)
-				}
-			}
-		})
-	}
+	playCalls(t, sc, answer, calls)
 }
 
 // Not in gRPC's table; it pins a rule of gRPC's throttling that the table

@@ -106,6 +106,10 @@ type retryStream struct {
 	ends     []int
 	bufBytes int
 	msgType  protoreflect.MessageType
+	// The buffer starts in these, so that a stream that sends one small
+	// request, as every server stream does, keeps it without allocating.
+	bufInline  [64]byte
+	endsInline [2]int
 
 	sent, received, replayed, replayedSz int64
 }
@@ -392,6 +396,9 @@ func (s *retryStream) bufferLocked(m any) {
 		s.commitLocked(true)
 		return
 	}
+	if s.ends == nil {
+		s.buf, s.ends = s.bufInline[:0], s.endsInline[:0]
+	}
 	start := len(s.buf)
 	buf, err := proto.MarshalOptions{}.MarshalAppend(s.buf, pm)
 	if err != nil || s.bufBytes+len(buf)-start+frameHeader > s.limit {
@@ -521,16 +528,8 @@ func (s *retryStream) RecvMsg(m any) error {
 		if s.committed || err == io.EOF {
 			// It ended OK, or it committed meanwhile (Context, Trailer): no
 			// retry.
-			if err == io.EOF {
-				s.answeredLocked()
-			}
 			s.mu.Unlock()
-			if err == io.EOF {
-				s.finish(nil)
-			} else {
-				s.finish(err)
-			}
-			return err
+			return s.recvDone(err)
 		}
 		if rerr := s.retryLocked(a, err); rerr != nil {
 			s.mu.Unlock()
@@ -542,7 +541,12 @@ func (s *retryStream) RecvMsg(m any) error {
 
 // recvCommitted receives on a committed stream.
 func (s *retryStream) recvCommitted(a *streamAttempt, m any) error {
-	err := a.cs.RecvMsg(m)
+	return s.recvDone(a.cs.RecvMsg(m))
+}
+
+// recvDone records what a RecvMsg that is not retried returned, and ends
+// the stream once it is over.
+func (s *retryStream) recvDone(err error) error {
 	s.mu.Lock()
 	if err == nil {
 		s.received++

@@ -676,3 +676,24 @@ func TestStreamBreakerEvents(t *testing.T) {
 		t.Errorf("refused stream's events %v, want one %s", ev, EventBreakerRejected)
 	}
 }
+
+// TestReplayBufferAllocations: keeping a client stream's messages for replay
+// costs at most one allocation per message (the buffer grows by doubling,
+// so far fewer), and a stream's one small request costs none.
+func TestReplayBufferAllocations(t *testing.T) {
+	m := &testgrpc.StreamingInputCallRequest{Payload: payload("0123456789")}
+	for _, n := range []int{1, 100} {
+		allocs := testing.AllocsPerRun(50, func() {
+			s := &retryStream{limit: DefaultStreamBuffer}
+			for range n {
+				s.bufferLocked(m)
+			}
+			if len(s.ends) != n || s.committed {
+				t.Fatalf("kept %d of %d messages (committed %v)", len(s.ends), n, s.committed)
+			}
+		}) - 1 // the stream itself
+		if max := float64(n) / 4; n == 1 && allocs > 0 || allocs > max {
+			t.Errorf("%d messages kept with %v allocations, want %s", n, allocs, map[bool]string{true: "none", false: fmt.Sprintf("at most %v", max)}[n == 1])
+		}
+	}
+}
