@@ -293,7 +293,7 @@ func TestParseServiceConfigAsGRPCReadsIt(t *testing.T) {
 	// herdguard refuses these where gRPC accepts them, on purpose.
 	differs := map[string]bool{
 		withTimeout(`"-1s"`): true, withTimeout(`"-0.1s"`): true, // a negative timeout
-		withTimeout(`"0s"`): true, // a zero one: an immediate deadline in gRPC
+		withTimeout(`"0s"`):  true,                             // a zero one: an immediate deadline in gRPC
 		withTimeout(`"01s"`): true, withBackoff(`"01s"`): true, // not protobuf's JSON mapping
 		withTimeout(`"--1s"`): true, withBackoff(`"--1s"`): true,
 		withCode(`"OK"`): true, withCode(`0`): true, withCode(`null`): true, // not failures to retry
