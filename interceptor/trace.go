@@ -72,7 +72,7 @@ func (t *tracing) init(tp trace.TracerProvider) {
 		return
 	}
 	t.tr = tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version))
-	if !makesSpans(t.tr) && comparable(tp) && tp == otel.GetTracerProvider() {
+	if comparable(tp) && tp == otel.GetTracerProvider() && !makesSpans(t.tr) {
 		t.unset = tp
 	}
 }
