@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"runtime"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -400,4 +401,27 @@ func TestAllowOnAQuietBreaker(t *testing.T) {
 			t.Fatalf("2 failed streams in a row left the breaker %v", got)
 		}
 	})
+}
+
+// TestAllowStartsNoGoroutine: a stream's admission through gobreaker holds
+// its place with gobreaker's two-step breaker, not with a goroutine that
+// waits for the verdict.
+func TestAllowStartsNoGoroutine(t *testing.T) {
+	b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 3})
+	run(t, b, herdguard.Failure) // a failure on the run: Allow goes through gobreaker
+	before := runtime.NumGoroutine()
+	var dones []func(herdguard.Verdict)
+	for range 50 {
+		done, _, err := b.Allow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dones = append(dones, done)
+	}
+	if after := runtime.NumGoroutine(); after > before {
+		t.Errorf("%d goroutines after 50 pending admissions, %d before", after, before)
+	}
+	for _, done := range dones {
+		done(herdguard.Success)
+	}
 }
