@@ -82,16 +82,22 @@ func (e *OpenError) GRPCStatus() *status.Status { return status.New(codes.Unavai
 // count that can trip a closed breaker is its run of consecutive failures,
 // and a success only resets that run to zero. So while the breaker is closed
 // and the run is known to be zero, a call runs without taking gobreaker's
-// lock, and only a failure is handed to gobreaker. The counts gobreaker
-// reports then leave out those successes and ignored calls (Requests,
-// TotalSuccesses, ConsecutiveSuccesses, TotalExclusions); the failures, and
-// every transition, are exactly gobreaker's.
+// lock, and only a failure is handed to gobreaker, or a success when some
+// failure began while the call ran (it may end that run). The counts
+// gobreaker reports then leave out the other successes and ignored calls
+// (Requests, TotalSuccesses, ConsecutiveSuccesses, TotalExclusions); the
+// failures, and every transition, are gobreaker's: a result counts in the
+// generation the call was admitted in, or not at all.
 type Breaker struct {
 	scope string
 	cb    *gobreaker.TwoStepCircuitBreaker[struct{}]
 	// state mirrors the gobreaker state as of its last transition. gobreaker
 	// moves from open to half-open lazily, inside the next request.
 	state atomic.Int32
+	// gen counts transitions, as gobreaker's generation does (a closed
+	// breaker over a rolling Window never starts a new one otherwise): the
+	// result of a call admitted in an older generation counts for nothing.
+	gen atomic.Uint64
 
 	// fast is true when FailureRatio is off, so that successes need not be
 	// counted while the run of failures is zero.
@@ -122,7 +128,10 @@ func New(scope string, s Settings) (*Breaker, error) {
 // newBreaker builds a breaker from validated settings with defaults filled.
 func newBreaker(scope string, s Settings) *Breaker {
 	b := &Breaker{scope: scope, fast: s.FailureRatio == 0}
-	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreakerSettings(scope, s, func(to State) { b.state.Store(int32(to)) }))
+	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreakerSettings(scope, s, func(to State) {
+		b.state.Store(int32(to))
+		b.gen.Add(1)
+	}))
 	return b
 }
 
@@ -211,24 +220,52 @@ func (b *Breaker) report(done func(error), v herdguard.Verdict) {
 	}
 }
 
-// lateFailure hands gobreaker the failure of a call that ran without it. As
-// gobreaker drops the results of calls made before its last transition, a
-// call that ends after the breaker left the closed state counts for nothing.
-func (b *Breaker) lateFailure() {
-	b.failuresBegun.Add(1)
-	defer b.failuresDone.Add(1)
-	if State(b.state.Load()) != Closed {
-		return
+// quietCall is a call admitted on the fast path: what it saw when admitted.
+type quietCall struct {
+	gen, begun uint64
+}
+
+func (b *Breaker) admitQuiet() quietCall {
+	return quietCall{gen: b.gen.Load(), begun: b.failuresBegun.Load()}
+}
+
+// quietVerdict gives gobreaker what it would have counted of a call that
+// ran without it. A failure is always handed over. A success is handed over
+// only when some failure began while the call ran: then gobreaker's run of
+// consecutive failures may not be zero, and this success ends it, as it
+// would in gobreaker; otherwise the run is zero and the success changes
+// nothing. As gobreaker drops the results of calls admitted before its last
+// transition, so does this.
+func (b *Breaker) quietVerdict(c quietCall, v herdguard.Verdict) {
+	switch {
+	case v == herdguard.Failure:
+		b.failuresBegun.Add(1)
+		defer b.failuresDone.Add(1)
+		b.late(c, errFailure)
+	case v == herdguard.Success && b.failuresBegun.Load() != c.begun:
+		if b.late(c, nil) {
+			b.noteSuccess()
+		}
 	}
-	done, err := b.cb.Allow()
-	if err != nil {
-		return
+}
+
+// late hands gobreaker the result of a call admitted in generation c.gen,
+// if the breaker is still closed in that generation, and reports whether
+// it did.
+func (b *Breaker) late(c quietCall, err error) bool {
+	if State(b.state.Load()) != Closed || b.gen.Load() != c.gen {
+		return false
 	}
-	if State(b.state.Load()) != Closed {
+	done, aerr := b.cb.Allow()
+	if aerr != nil {
+		return false
+	}
+	if State(b.state.Load()) != Closed || b.gen.Load() != c.gen {
 		done(errExcluded)
-		return
+		return false
 	}
-	done(errFailure)
+	done(err)
+	return true
 }
 
 // noteSuccess is called after gobreaker counted a success. If no failure is
@@ -250,17 +287,16 @@ func (b *Breaker) noteSuccess() {
 // executeQuiet runs fn without gobreaker and hands it only a failure. A
 // call that panics is a failure, as in gobreaker; the panic goes on.
 func (b *Breaker) executeQuiet(fn func(probe bool) herdguard.Verdict) (after State) {
+	c := b.admitQuiet()
 	returned := false
 	defer func() {
 		if !returned {
-			b.lateFailure()
+			b.quietVerdict(c, herdguard.Failure)
 		}
 	}()
 	v := fn(false)
 	returned = true
-	if v == herdguard.Failure {
-		b.lateFailure()
-	}
+	b.quietVerdict(c, v)
 	return State(b.state.Load())
 }
 
@@ -306,9 +342,10 @@ func (b *Breaker) Execute(fn func(probe bool) herdguard.Verdict) (before, after 
 func (b *Breaker) Allow() (done func(herdguard.Verdict), probe bool, err error) {
 	var called atomic.Bool
 	if b.quiet() {
+		c := b.admitQuiet()
 		return func(v herdguard.Verdict) {
-			if !called.Swap(true) && v == herdguard.Failure {
-				b.lateFailure()
+			if !called.Swap(true) {
+				b.quietVerdict(c, v)
 			}
 		}, false, nil
 	}

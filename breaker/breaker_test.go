@@ -2,9 +2,9 @@ package breaker_test
 
 import (
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
-	"runtime"
 	"testing"
 	"testing/synctest"
 	"time"

@@ -34,9 +34,10 @@
 // A healthy breaker takes no lock. With FailureRatio off, only a run of
 // consecutive failures can trip a closed breaker, and a success only ends
 // such a run; so while the breaker is closed and no failure is on its run, a
-// call skips gobreaker and only a failure is handed to it. Every transition
-// and every failure count stays gobreaker's own; [Breaker.Counts] then leaves
-// out those skipped successes and ignored calls. With FailureRatio set,
+// call skips gobreaker and only a failure is handed to it (and a success,
+// when another call's failure began while it ran). Every transition and
+// every failure count stays gobreaker's own; [Breaker.Counts] then leaves
+// out the skipped successes and ignored calls. With FailureRatio set,
 // every call goes through gobreaker, whose counts the ratio needs.
 //
 // Time comes from the time package, as in gobreaker; tests drive it with

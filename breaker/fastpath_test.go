@@ -231,3 +231,46 @@ func TestPanicIsAFailure(t *testing.T) {
 		}
 	}
 }
+
+// TestQuietSuccessEndsARunLikeGobreaker: a call admitted while the breaker
+// is quiet that succeeds after another call failed ends the run of
+// failures, as it does in gobreaker, so the next failure does not trip a
+// breaker that needs two in a row. Admission order and verdict order are
+// interleaved as a long call (or a stream) and short ones would be.
+func TestQuietSuccessEndsARunLikeGobreaker(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		s := Settings{ConsecutiveFailures: 2}.WithDefaults()
+		b := newBreaker("x", s)
+		refState := Closed
+		ref := gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreakerSettings("x", s, func(to State) { refState = to }))
+		fail := func() {
+			b.Execute(func(bool) herdguard.Verdict { return herdguard.Failure })
+			if d, err := ref.Allow(); err == nil {
+				d(errFailure)
+			}
+		}
+		refA, err := ref.Allow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stream {
+			doneA, _, err := b.Allow() // A admitted while quiet
+			if err != nil {
+				t.Fatal(err)
+			}
+			fail() // B fails: a run of 1
+			doneA(herdguard.Success)
+		} else {
+			b.Execute(func(bool) herdguard.Verdict { // A, admitted while quiet
+				fail() // B fails while A runs
+				return herdguard.Success
+			})
+		}
+		refA(nil) // A succeeds: the run is back to 0
+		fail()    // C fails: a run of 1
+		if got, want := b.State(), refState; got != want || b.Counts().ConsecutiveFailures != ref.Counts().ConsecutiveFailures {
+			t.Errorf("stream=%v: state %v with a run of %d; gobreaker %v with a run of %d",
+				stream, got, b.Counts().ConsecutiveFailures, want, ref.Counts().ConsecutiveFailures)
+		}
+	}
+}

@@ -94,9 +94,11 @@ type Settings struct {
 	//
 	// The interceptor calls it with the final error of every failed call,
 	// except calls that say nothing of the server by themselves: those the
-	// caller cancelled, and those whose deadline ran out while no attempt was
-	// in flight (during a backoff wait, or before the first attempt). It must
-	// be quick and safe for concurrent use.
+	// caller cancelled, those whose deadline ran out while no attempt was in
+	// flight (during a backoff wait, or before the first attempt), and those
+	// that ended with the client's own error (a message over the send limit,
+	// one that could not be encoded, a send a later interceptor refused). It
+	// must be quick and safe for concurrent use.
 	Verdict func(err error) herdguard.Verdict
 	// OnStateChange, if set, is called on every transition with the scope
 	// name (the target, or the target followed by the full method). It runs
