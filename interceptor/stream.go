@@ -92,7 +92,6 @@ type retryStream struct {
 	err          error // the final error once finished; nil: ended OK
 	outcome      Outcome
 	idleDeadline bool // the deadline ran out while no attempt was in flight
-	callerErr    bool // the stream ended with the client's own SendMsg error
 	// breakerDone hears the stream's verdict, once: when the server first
 	// answers, or when the stream ends. nil without a breaker or once told.
 	breakerDone  func(herdguard.Verdict)
@@ -124,6 +123,10 @@ type streamAttempt struct {
 	timedOut atomic.Bool
 	span     trace.Span
 	ended    bool // its span is ended and it is counted; guarded by the stream's mu
+	// clientErr is true when the attempt ended with the client's own error,
+	// not the server's: a SendMsg that gRPC or a later interceptor refused.
+	// Guarded by the stream's mu.
+	clientErr bool
 
 	// recvMu serialises RecvMsg on cs until the stream commits, so that a
 	// SendMsg or Header that found the attempt over can learn how it ended
@@ -195,16 +198,14 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	if err != nil {
 		err = s.retryLocked(a, err)
 	}
-	if err == nil {
-		// Under the lock, so that a context already done cannot finish the
-		// stream before unwatch is set.
-		s.unwatch = context.AfterFunc(s.ctx, s.contextDone)
-	}
-	s.mu.Unlock()
 	if err != nil {
-		s.finish(err)
+		s.finishUnlock(err, true)
 		return nil, err
 	}
+	// Under the lock, so that a context already done cannot finish the
+	// stream before unwatch is set.
+	s.unwatch = context.AfterFunc(s.ctx, s.contextDone)
+	s.mu.Unlock()
 	return s, nil
 }
 
@@ -213,7 +214,8 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 // with the caller's error: cancelling it here could race the deadline and
 // turn DeadlineExceeded into Canceled.
 func (s *retryStream) contextDone() {
-	s.finishWith(status.FromContextError(s.ctx.Err()).Err(), false)
+	s.mu.Lock()
+	s.finishUnlock(status.FromContextError(s.ctx.Err()).Err(), false)
 }
 
 // startLocked opens a new attempt and replays the buffer into it. It
@@ -243,14 +245,24 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 		return a, err
 	}
 	a.cs = cs
+	if a.timeout != nil {
+		go s.watchHeaders(a)
+	}
 	start := 0
 	for _, end := range s.ends {
 		msg := s.msgType.New().Interface()
-		if err := proto.Unmarshal(s.buf[start:end], msg); err != nil {
-			return a, status.Errorf(codes.Internal, "herdguard: replaying a buffered message: %v", err)
+		err := proto.Unmarshal(s.buf[start:end], msg)
+		if err != nil {
+			err = status.Errorf(codes.Internal, "herdguard: replaying a buffered message: %v", err)
+		} else {
+			err = cs.SendMsg(msg)
 		}
-		if err := cs.SendMsg(msg); err != nil {
+		if err != nil {
 			if err != io.EOF {
+				// The client's own error, or a later interceptor's: the
+				// attempt is alive, so end it before it is judged.
+				a.clientErr = true
+				a.release()
 				return a, err
 			}
 			// The attempt broke during the replay: learn how.
@@ -271,6 +283,20 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 	return a, nil
 }
 
+// watchHeaders commits the stream when attempt a's response headers arrive,
+// read or not, so that its per-attempt timeout stops there (gRFC A6: a
+// server that sent headers has the call). It ends when the attempt does.
+func (s *retryStream) watchHeaders(a *streamAttempt) {
+	if md, _ := a.cs.Header(); md == nil {
+		return
+	}
+	s.mu.Lock()
+	if s.a == a && !s.finished {
+		s.commitLocked(false)
+	}
+	s.mu.Unlock()
+}
+
 // retryLocked is called when a, the current attempt, ended with err before
 // the stream committed. It decides whether the stream goes on; if so, it
 // waits and opens the next attempt (again and again while new attempts end
@@ -281,7 +307,7 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 		if s.finished {
 			return s.err
 		}
-		end := attemptEnd{n: a.n, err: err, timedOut: a.timedOut.Load(), reached: a.cs != nil}
+		end := attemptEnd{n: a.n, err: err, timedOut: a.timedOut.Load(), reached: a.cs != nil, client: a.clientErr}
 		if end.timedOut {
 			end.err = status.Error(codes.DeadlineExceeded, errAttemptTimeout.Error())
 		}
@@ -445,9 +471,8 @@ func (s *retryStream) SendMsg(m any) error {
 			// The client's own error (encoding, size, SendMsg after
 			// CloseSend): gRPC ends the stream with it, and so do we. It
 			// says nothing of the server.
-			s.callerErr = true
-			s.mu.Unlock()
-			s.finish(err)
+			a.clientErr = true
+			s.finishUnlock(err, true)
 			return err
 		case s.committed || s.finished || headers || end == io.EOF:
 			// The server answered this attempt, or the stream committed or
@@ -458,8 +483,7 @@ func (s *retryStream) SendMsg(m any) error {
 			return io.EOF
 		}
 		if rerr := s.retryLocked(a, end); rerr != nil {
-			s.mu.Unlock()
-			s.finish(rerr)
+			s.finishUnlock(rerr, true)
 			return io.EOF // RecvMsg reports the stream's status
 		}
 	}
@@ -482,13 +506,16 @@ func (s *retryStream) sendCommitted(a *streamAttempt, m any) error {
 		return nil
 	}
 	err := a.cs.SendMsg(m)
+	s.mu.Lock()
 	switch {
 	case err == nil:
-		s.mu.Lock()
 		s.sent++
 		s.mu.Unlock()
 	case err != io.EOF:
-		s.finish(err)
+		a.clientErr = true
+		s.finishUnlock(err, true)
+	default:
+		s.mu.Unlock()
 	}
 	return err
 }
@@ -516,9 +543,10 @@ func (s *retryStream) RecvMsg(m any) error {
 			if a == s.a {
 				s.answeredLocked()
 			}
-			s.mu.Unlock()
 			if !s.desc.ServerStreams {
-				s.finish(nil) // gRPC read the one response to the end
+				s.finishUnlock(nil, true) // gRPC read the one response to the end
+			} else {
+				s.mu.Unlock()
 			}
 			return nil
 		}
@@ -532,16 +560,18 @@ func (s *retryStream) RecvMsg(m any) error {
 			return s.recvDone(err)
 		}
 		if rerr := s.retryLocked(a, err); rerr != nil {
-			s.mu.Unlock()
-			s.finish(rerr)
+			s.finishUnlock(rerr, true)
 			return rerr
 		}
 	}
 }
 
-// recvCommitted receives on a committed stream.
+// recvCommitted receives on a committed stream. It receives through the
+// attempt's recv, as before commit: a SendMsg that began before the commit
+// may still be learning how the attempt ended, and two receives at once on
+// one gRPC stream would lose its end.
 func (s *retryStream) recvCommitted(a *streamAttempt, m any) error {
-	return s.recvDone(a.cs.RecvMsg(m))
+	return s.recvDone(a.recv(m))
 }
 
 // recvDone records what a RecvMsg that is not retried returned, and ends
@@ -554,13 +584,13 @@ func (s *retryStream) recvDone(err error) error {
 	if err == nil || err == io.EOF {
 		s.answeredLocked() // the breaker may not have heard yet (Context, overflow)
 	}
-	s.mu.Unlock()
 	switch {
 	case err == nil && s.desc.ServerStreams:
+		s.mu.Unlock()
 	case err == nil, err == io.EOF:
-		s.finish(nil) // gRPC read the one response to the end, or the stream ended OK
+		s.finishUnlock(nil, true) // gRPC read the one response to the end, or the stream ended OK
 	default:
-		s.finish(err)
+		s.finishUnlock(err, true)
 	}
 	return err
 }
@@ -619,13 +649,11 @@ func (s *retryStream) Header() (metadata.MD, error) {
 				s.answeredLocked()
 				end = nil
 			}
-			s.mu.Unlock()
-			s.finish(end)
+			s.finishUnlock(end, true)
 			return nil, nil
 		}
 		if rerr := s.retryLocked(a, end); rerr != nil {
-			s.mu.Unlock()
-			s.finish(rerr)
+			s.finishUnlock(rerr, true)
 			return nil, nil // RecvMsg reports the error
 		}
 	}
@@ -677,12 +705,17 @@ func (s *retryStream) commitNow() *streamAttempt {
 
 // finish records the stream's final status once: for the breaker, on the
 // span, and by releasing the buffer and the current attempt.
-func (s *retryStream) finish(err error) { s.finishWith(err, true) }
-
-// finishWith is finish; release is false when the caller's context ended,
-// which ends the current attempt by itself.
-func (s *retryStream) finishWith(err error, release bool) {
+func (s *retryStream) finish(err error) {
 	s.mu.Lock()
+	s.finishUnlock(err, true)
+}
+
+// finishUnlock is finish for a caller that holds the lock, which it
+// releases. The stream is marked ended before the lock is released, so that
+// no other goroutine can find it given up but not ended, with a current
+// attempt that never opened. release is false when the caller's context
+// ended, which ends the current attempt by itself.
+func (s *retryStream) finishUnlock(err error, release bool) {
 	if s.finished {
 		s.mu.Unlock()
 		return
@@ -705,7 +738,7 @@ func (s *retryStream) finishWith(err error, release bool) {
 	s.endAttemptLocked(a, err)
 	if s.breakerDone != nil {
 		v := herdguard.Ignored
-		if !s.callerErr {
+		if !a.clientErr {
 			v = s.ic.verdict(s.ctx, err, s.idleDeadline || !a.live)
 		}
 		s.breakerDone(v)
