@@ -1228,3 +1228,83 @@ func TestGRPCAuthorityOverrideNotReusedAcrossAttempts(t *testing.T) {
 		})
 	}
 }
+
+// attemptsPerCall makes calls EmptyCalls in each mode against a server
+// that fails every first attempt with Unavailable and answers every retry
+// with retry(ctx), and returns, per mode, how many attempts each call made.
+func attemptsPerCall(t *testing.T, sc string, calls int, retry func(ctx context.Context) error) map[retryMode][]int {
+	t.Helper()
+	got := map[retryMode][]int{}
+	for _, m := range retryModes {
+		srv := testserver.Start(t, &testserver.Server{Empty: func(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
+			md, _ := metadata.FromIncomingContext(ctx)
+			if len(md.Get(interceptor.AttemptMetadataKey)) > 0 || len(md.Get(previousAttemptsKey)) > 0 {
+				return nil, retry(ctx)
+			}
+			return nil, status.Error(codes.Unavailable, "first attempt")
+		}})
+		c := srv.Client(t, dialRetry(t, m, sc, nil)...)
+		for range calls {
+			before := srv.Requests()
+			_, _ = c.EmptyCall(portCtx(t), &testgrpc.Empty{})
+			got[m] = append(got[m], srv.Requests()-before)
+		}
+	}
+	return got
+}
+
+// Not in gRPC's table: the tokens of a call's last attempt. gRPC takes
+// none for a failure after response headers, and one for a pushback that
+// says stop, whatever the code; herdguard must count them alike.
+func TestGRPCThrottlingLastAttempt(t *testing.T) {
+	sc := withThrottling(retryConfig(2, ".01s", "UNAVAILABLE"))
+	for name, retry := range map[string]func(context.Context) error{
+		"headers then Unavailable": func(ctx context.Context) error {
+			_ = grpc.SendHeader(ctx, metadata.Pairs("k", "v"))
+			return status.Error(codes.Unavailable, "after headers")
+		},
+		"Internal with a pushback that says stop": func(ctx context.Context) error {
+			_ = grpc.SetTrailer(ctx, metadata.Pairs(interceptor.PushbackTrailerKey, "-1"))
+			return status.Error(codes.Internal, "stop")
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got := attemptsPerCall(t, sc, 4, retry)
+			if !slices.Equal(got[viaGRPC], got[viaHerdguard]) {
+				t.Errorf("attempts per call: gRPC %v, herdguard %v; want the same", got[viaGRPC], got[viaHerdguard])
+			}
+		})
+	}
+}
+
+// Not in gRPC's table: a method the service config does not name makes
+// one attempt, yet gRPC takes a throttling token for its pushback that says
+// stop; after five of them, another method's failure is not retried.
+func TestGRPCThrottlingUnnamedMethodPushback(t *testing.T) {
+	sc := `{"methodConfig": [{"name": [{"service": "grpc.testing.TestService", "method": "UnaryCall"}],
+	  "retryPolicy": {"maxAttempts": 4, "initialBackoff": ".01s", "maxBackoff": ".01s",
+	    "backoffMultiplier": 1.0, "retryableStatusCodes": ["UNAVAILABLE"]}}],
+	  "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.5}}`
+	for _, m := range retryModes {
+		t.Run(string(m), func(t *testing.T) {
+			srv := testserver.Start(t, &testserver.Server{
+				Empty: func(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
+					_ = grpc.SetTrailer(ctx, metadata.Pairs(interceptor.PushbackTrailerKey, "-1"))
+					return nil, status.Error(codes.Internal, "stop")
+				},
+				Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+					return nil, status.Error(codes.Unavailable, "down")
+				},
+			})
+			c := srv.Client(t, dialRetry(t, m, sc, nil)...)
+			for range 5 { // 10 - 5 = 5 tokens: not more than half
+				_, _ = c.EmptyCall(portCtx(t), &testgrpc.Empty{})
+			}
+			before := srv.Requests()
+			_, err := c.UnaryCall(portCtx(t), &testgrpc.SimpleRequest{})
+			if n := srv.Requests() - before; n != 1 || status.Code(err) != codes.Unavailable {
+				t.Errorf("UnaryCall after five pushback stops: %v after %d attempts, want Unavailable after 1", err, n)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -36,6 +37,8 @@ type attemptEnd struct {
 	// headers is true when the server sent response headers: gRFC A6
 	// commits the call to this attempt, so it is never repeated.
 	headers bool
+	// client is true when the error is the client's own (see clientSide).
+	client bool
 }
 
 // decision is what follows a failed attempt: a wait and another attempt,
@@ -50,11 +53,12 @@ type decision struct {
 
 // decide says what follows a failed attempt. Unary calls and streams share
 // it, so both retry by exactly the same rules, in gRPC's order: a call that
-// may not be retried at all (one attempt allowed) ends with the attempt's
-// error as it is and takes no throttling token; a pushback that says stop
-// takes a token, whatever the code; a retryable code takes a token, and then
-// the attempts, the throttling, the deadline and the ratio budget may each
-// stop the call.
+// committed (the server sent headers), or whose error is the client's own,
+// ends as it is and takes no throttling token; a pushback that says stop
+// takes a token, whatever the code; a call that may not be retried at all
+// (one attempt allowed) ends with the attempt's error as it is; a retryable
+// code takes a token, and then the attempts, the throttling, the deadline
+// and the ratio budget may each stop the call.
 func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState, maxAttempts int, e attemptEnd) decision {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return decision{outcome: contextOutcome(ctxErr), err: e.err}
@@ -62,21 +66,27 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 	if e.headers {
 		return decision{outcome: OutcomeFailedAfterCommit, err: e.err}
 	}
+	if e.client {
+		return decision{outcome: OutcomeNotRetryable, err: e.err}
+	}
 	code := status.Code(e.err)
 	retryable := p.retryableCode(code) || e.timedOut && code == codes.DeadlineExceeded
+	wait, ok, present := pushback(e.trailer)
+	if present && !ok {
+		bs.throttleFailure() // gRPC counts a refused pushback as a failure, whatever the code
+		switch {
+		case !retryable:
+			return decision{outcome: OutcomeNotRetryable, err: e.err}
+		case maxAttempts <= 1:
+			return decision{outcome: OutcomePushbackStop, err: e.err}
+		}
+		return stop(OutcomePushbackStop, e.n, e.err)
+	}
 	if maxAttempts <= 1 {
 		if !retryable {
 			return decision{outcome: OutcomeNotRetryable, err: e.err}
 		}
 		return decision{outcome: OutcomeExhausted, err: e.err}
-	}
-	wait, ok, present := pushback(e.trailer)
-	if present && !ok {
-		bs.throttleFailure() // gRPC counts a refused pushback as a failure
-		if !retryable {
-			return decision{outcome: OutcomeNotRetryable, err: e.err}
-		}
-		return stop(OutcomePushbackStop, e.n, e.err)
 	}
 	if !retryable {
 		return decision{outcome: OutcomeNotRetryable, err: e.err}
@@ -137,6 +147,24 @@ func (bs *backoffState) succeeded() {
 	if bs.lim != nil && bs.lim.throttle != nil {
 		bs.lim.throttle.Success()
 	}
+}
+
+// clientSide reports whether err is one that gRPC makes in the client before
+// the request leaves it: a message over the call's send limit, or one that
+// could not be encoded or compressed. gRPC's own retry never retries these,
+// and they say nothing of the server. An interceptor sees only the status,
+// so the messages gRPC writes for them are matched; a test pins them to the
+// gRPC version in go.mod.
+func clientSide(err error) bool {
+	st, _ := status.FromError(err)
+	msg := st.Message()
+	switch st.Code() {
+	case codes.ResourceExhausted:
+		return strings.HasPrefix(msg, "trying to send message larger than max")
+	case codes.Internal:
+		return strings.HasPrefix(msg, "grpc: error while marshaling") || strings.HasPrefix(msg, "grpc: error while compressing")
+	}
+	return false
 }
 
 func stop(o Outcome, attempts int, err error) decision {

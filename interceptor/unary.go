@@ -65,6 +65,8 @@ type unaryCall struct {
 	// idle is true when the call's deadline ran out while no attempt was
 	// in flight: during a backoff wait, or before an attempt started.
 	idle bool
+	// clientErr is true when the call ended with the client's own error.
+	clientErr bool
 }
 
 func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -114,6 +116,9 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 				maxAttempts = 1
 			}
 			err = c.run(ctx, maxAttempts)
+			if c.clientErr {
+				return herdguard.Ignored // the client's own error says nothing of the server
+			}
 			return ic.verdict(ctx, err, c.idle)
 		})
 		if berr != nil {
@@ -185,7 +190,11 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 			actx = numbers.context(ctx, attempt, maxAttempts)
 		}
 		live := ctx.Err() == nil
-		end := c.attempt(actx, attempt, attempt < maxAttempts)
+		// The header and trailer are caught when another attempt may
+		// follow, and, with throttling, on the last too: gRPC counts a
+		// refused pushback, and no failure after headers, for throttling.
+		catch := attempt < maxAttempts || c.lim != nil && c.lim.throttle != nil
+		end := c.attempt(actx, attempt, catch)
 		if end.err == nil {
 			c.outcome = OutcomeOK
 			bs.succeeded()
@@ -194,6 +203,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		if !live {
 			c.idle = true // it never went out
 		}
+		c.clientErr = end.client
 		d := c.ic.decide(ctx, c.p, &bs, maxAttempts, end)
 		if !d.retry {
 			c.outcome = d.outcome
@@ -211,9 +221,9 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 // and the server's copy, rounded down on the wire, can end the attempt
 // first.
 //
-// The header and trailer are only caught when another attempt may follow:
-// gRPC copies them for every attempt that asks.
-func (c *unaryCall) attempt(ctx context.Context, n int, mayRetry bool) attemptEnd {
+// The header and trailer are caught only when catch is true: gRPC copies
+// them for every attempt that asks.
+func (c *unaryCall) attempt(ctx context.Context, n int, catch bool) attemptEnd {
 	end := attemptEnd{n: n}
 	if d := c.p.p.PerAttemptTimeout; d > 0 {
 		var cancel context.CancelFunc
@@ -227,7 +237,7 @@ func (c *unaryCall) attempt(ctx context.Context, n int, mayRetry bool) attemptEn
 	}
 	c.buf.header, c.buf.trailer, c.buf.peer = nil, nil, peer.Peer{}
 	opts := c.buf.opts
-	if !mayRetry {
+	if !catch {
 		opts = opts[:len(opts)-catchers]
 	}
 	end.err = c.invoker(ctx, c.method, c.req, c.reply, c.cc, opts...)
@@ -240,6 +250,7 @@ func (c *unaryCall) attempt(ctx context.Context, n int, mayRetry bool) attemptEn
 		end.timedOut = end.timedOut && status.Code(end.err) == codes.DeadlineExceeded
 		end.trailer, end.headers = c.buf.trailer, c.buf.header != nil
 		end.reached = !c.unsafe || c.buf.peer.Addr != nil
+		end.client = clientSide(end.err)
 	}
 	return end
 }
