@@ -87,15 +87,19 @@ func WithoutBreaker() Option {
 }
 
 // WithTracerProvider sets where spans go. The default, and a nil tp, is the
-// global provider as it is at each call, so a provider installed after New
-// is still used.
+// global provider as New finds it: OpenTelemetry's default global provider
+// forwards to the first SDK installed, even after New, and until then calls
+// do no span work. A provider set globally after another SDK replaced the
+// default one is not followed.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return optionFunc(func(c *config) { c.tp = tp })
 }
 
 // WithMeterProvider sets where metrics go. The default, and a nil mp, is the
-// global provider as it is at each call. With a no-op provider no metric
-// work is done at all. The instruments are listed in the package
+// global provider as New finds it, which, as OpenTelemetry's default one
+// does, forwards to the first SDK installed, even after New. A measurement is
+// skipped while its instrument is not Enabled; with a no-op provider no
+// metric work is done at all. The instruments are listed in the package
 // documentation.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return optionFunc(func(c *config) { c.mp = mp })
