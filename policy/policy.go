@@ -52,6 +52,10 @@ type Policy struct {
 	// service config's "timeout" does; the caller's own deadline still
 	// applies when it is sooner. 0 means no bound beyond the caller's.
 	Timeout time.Duration
+	// Hedging, when on, makes the call hedged instead of retried (gRFC A6:
+	// a method is one or the other); the fields above but Timeout must then
+	// be left zero. The zero value is off.
+	Hedging Hedging
 }
 
 // Default returns the default policy: 3 attempts, waits from 100ms doubling
@@ -72,6 +76,7 @@ func Default() Policy {
 // (a zero Jitter is FullJitter already). The RetryableCodes slice is copied,
 // so the result shares nothing with p.
 func (p Policy) WithDefaults() Policy {
+	p.Hedging = p.Hedging.WithDefaults()
 	p = p.timing()
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = DefaultMaxAttempts
@@ -106,6 +111,28 @@ func (p Policy) Validate() error {
 		return fieldError("PerAttemptTimeout", p.PerAttemptTimeout, "must not be negative")
 	case p.Timeout < 0:
 		return fieldError("Timeout", p.Timeout, "must not be negative")
+	}
+	if err := p.Hedging.Validate(); err != nil {
+		return err
+	}
+	if p.Hedging.On() {
+		for _, f := range []struct {
+			name  string
+			value any
+			set   bool
+		}{
+			{"MaxAttempts", p.MaxAttempts, p.MaxAttempts != 0},
+			{"InitialBackoff", p.InitialBackoff, p.InitialBackoff != 0},
+			{"MaxBackoff", p.MaxBackoff, p.MaxBackoff != 0},
+			{"Multiplier", p.Multiplier, p.Multiplier != 0},
+			{"Jitter", p.Jitter, p.Jitter != 0},
+			{"RetryableCodes", p.RetryableCodes, len(p.RetryableCodes) != 0},
+			{"PerAttemptTimeout", p.PerAttemptTimeout, p.PerAttemptTimeout != 0},
+		} {
+			if f.set {
+				return fieldError(f.name, f.value, "set beside Hedging: a call is retried or hedged, never both (gRFC A6); leave the retry fields zero")
+			}
+		}
 	}
 	for i, c := range p.RetryableCodes {
 		switch {

@@ -74,10 +74,15 @@ type methodConfigJSON struct {
 		BackoffMultiplier    *float64          `json:"backoffMultiplier"`
 		RetryableStatusCodes []json.RawMessage `json:"retryableStatusCodes"`
 	} `json:"retryPolicy"`
+	HedgingPolicy *struct {
+		MaxAttempts         *float64          `json:"maxAttempts"`
+		HedgingDelay        *json.RawMessage  `json:"hedgingDelay"`
+		NonFatalStatusCodes []json.RawMessage `json:"nonFatalStatusCodes"`
+	} `json:"hedgingPolicy"`
 }
 
 // ParseServiceConfig reads gRPC's service config JSON: methodConfig with
-// names, retryPolicy and timeout, and retryThrottling. Unknown fields are
+// names, retryPolicy or hedgingPolicy and timeout, and retryThrottling. Unknown fields are
 // ignored and field names match in any case, as in gRPC; an invalid value is
 // an error that names its JSON path and the value.
 //
@@ -164,6 +169,12 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 		}
 		p.Timeout = d
 	}
+	if mc.RetryPolicy != nil && mc.HedgingPolicy != nil {
+		return p, fmt.Errorf("policy: service config: %s has both retryPolicy and hedgingPolicy: a method is retried or hedged, never both (gRFC A6)", at)
+	}
+	if mc.HedgingPolicy != nil {
+		return mc.hedging(p, at+".hedgingPolicy")
+	}
 	rp := mc.RetryPolicy
 	if rp == nil {
 		return p, nil
@@ -212,6 +223,44 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 		p.RetryableCodes = append(p.RetryableCodes, c)
 	}
 	p.Jitter = FullJitter
+	if err := p.Validate(); err != nil {
+		return p, fmt.Errorf("policy: service config: %s: %w", at, err)
+	}
+	return p, nil
+}
+
+// hedging reads a method config's hedgingPolicy into p, which holds its
+// timeout. A missing or zero hedgingDelay, which gRFC A6 reads as sending
+// every attempt at once, becomes a Delay of 1ns: a zero Delay is
+// herdguard's default.
+func (mc methodConfigJSON) hedging(p Policy, at string) (Policy, error) {
+	bad := func(field string, value any, why string) error {
+		return fmt.Errorf("policy: service config: %s.%s = %v: %s", at, field, value, why)
+	}
+	hp := mc.HedgingPolicy
+	switch {
+	case hp.MaxAttempts == nil:
+		return p, fmt.Errorf("policy: service config: %s.maxAttempts is missing", at)
+	case *hp.MaxAttempts < 2 || *hp.MaxAttempts != math.Trunc(*hp.MaxAttempts) || *hp.MaxAttempts > math.MaxInt32:
+		return p, bad("maxAttempts", *hp.MaxAttempts, "must be a whole number of at least 2")
+	}
+	p.MaxAttempts = 0
+	h := Hedging{MaxAttempts: int(*hp.MaxAttempts), Delay: time.Nanosecond}
+	if hp.HedgingDelay != nil {
+		d, err := parseDuration(*hp.HedgingDelay)
+		if err != nil {
+			return p, fmt.Errorf("policy: service config: %s.hedgingDelay = %s: %w", at, *hp.HedgingDelay, err)
+		}
+		h.Delay = max(d, time.Nanosecond)
+	}
+	for i, rc := range hp.NonFatalStatusCodes {
+		c, err := parseCode(rc)
+		if err != nil {
+			return p, fmt.Errorf("policy: service config: %s.nonFatalStatusCodes[%d] = %s: %w", at, i, rc, err)
+		}
+		h.NonFatalCodes = append(h.NonFatalCodes, c)
+	}
+	p.Hedging = h
 	if err := p.Validate(); err != nil {
 		return p, fmt.Errorf("policy: service config: %s: %w", at, err)
 	}
