@@ -61,6 +61,10 @@ func (t *Throttle) Success() {
 	}
 }
 
+// Allowed reports whether retries and hedges are allowed now: more than
+// half the tokens are left. It takes none.
+func (t *Throttle) Allowed() bool { return t.tokens.Load() > t.threshold }
+
 // Tokens returns the tokens left.
 func (t *Throttle) Tokens() float64 { return float64(t.tokens.Load()) / 1000 }
 

@@ -196,3 +196,27 @@ func TestNoAllocations(t *testing.T) {
 		t.Errorf("%v allocations per call, want 0", a)
 	}
 }
+
+func TestThrottleAllowed(t *testing.T) {
+	th, err := budget.NewThrottle(policy.Throttling{MaxTokens: 4, TokenRatio: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 4 tokens; threshold 2: allowed while more than 2 are left
+	for i, want := range []bool{true, false, false} { // after failures: 3, 2, 1 tokens
+		if got := th.Failure(); got != want || th.Allowed() != want {
+			t.Errorf("after failure %d: Failure = %v, Allowed = %v; want %v for both", i+1, got, th.Allowed(), want)
+		}
+	}
+	th.Success() // 2: not more than half
+	if th.Allowed() {
+		t.Errorf("Allowed with %v of 4 tokens", th.Tokens())
+	}
+	th.Success() // 3
+	if !th.Allowed() {
+		t.Errorf("not Allowed with %v of 4 tokens", th.Tokens())
+	}
+	if th.Tokens() != 3 {
+		t.Errorf("Allowed took a token: %v left, want 3", th.Tokens())
+	}
+}

@@ -46,6 +46,28 @@ func (f *fakeClock) NewTimer(d time.Duration) timer {
 	return t
 }
 
+// AfterFunc runs f at once, in its own goroutine, as if d had passed: the
+// fake clock makes every wait instant.
+func (f *fakeClock) AfterFunc(d time.Duration, fn func()) timer {
+	t := &fakeFuncTimer{clock: f, fn: fn}
+	t.Reset(d)
+	return t
+}
+
+// fakeFuncTimer runs its function as soon as it is set.
+type fakeFuncTimer struct {
+	clock *fakeClock
+	fn    func()
+}
+
+func (t *fakeFuncTimer) C() <-chan time.Time { return nil }
+func (t *fakeFuncTimer) Stop() bool          { return false }
+func (t *fakeFuncTimer) Reset(d time.Duration) bool {
+	t.clock.advance(d)
+	go t.fn()
+	return false
+}
+
 // advance records a wait of d and moves the clock past it.
 func (f *fakeClock) advance(d time.Duration) time.Time {
 	f.mu.Lock()

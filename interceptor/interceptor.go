@@ -11,6 +11,7 @@ import (
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/budget"
 	"github.com/herdguard/herdguard/internal/cow"
+	"github.com/herdguard/herdguard/latency"
 	"github.com/herdguard/herdguard/policy"
 )
 
@@ -39,6 +40,18 @@ type Interceptor struct {
 	idempotencyKey string
 	idempotentOnly bool
 	idempotent     cow.Map[string, bool] // method -> safe to retry
+
+	// windows holds the recent attempt latencies of each method hedged with
+	// a latency-aware delay, and hedgeBudgets the default ratio budget of
+	// each target's hedges when no WithRetryBudget is given.
+	windows      cow.Map[windowKey, *latency.Window]
+	hedgeBudgets cow.Map[string, *budget.Ratio]
+	hedgeCalls   sync.Pool // *hedgeCall
+}
+
+type windowKey struct {
+	method   string
+	quantile float64
 }
 
 // limits are the retry budgets of one target.
@@ -69,6 +82,7 @@ func (ic *Interceptor) limitsFor(target string) *limits {
 type resolved struct {
 	p         policy.Policy
 	retryable uint32 // bit i set: codes.Code(i) is retryable
+	nonFatal  uint32 // hedging: bit i set: codes.Code(i) is non-fatal
 }
 
 func newResolved(p policy.Policy) *resolved {
@@ -76,10 +90,42 @@ func newResolved(p policy.Policy) *resolved {
 	for _, c := range r.p.RetryableCodes {
 		r.retryable |= 1 << c
 	}
+	for _, c := range r.p.Hedging.NonFatalCodes {
+		r.nonFatal |= 1 << c
+	}
 	return r
 }
 
 func (r *resolved) retryableCode(c codes.Code) bool { return c < 32 && r.retryable&(1<<c) != 0 }
+
+func (r *resolved) nonFatalCode(c codes.Code) bool { return c < 32 && r.nonFatal&(1<<c) != 0 }
+
+// hedged reports whether calls under r are hedged rather than retried.
+func (r *resolved) hedged() bool { return r.p.Hedging.On() }
+
+// window returns the latency window of a method hedged under r with a
+// latency-aware delay, or nil.
+func (ic *Interceptor) window(r *resolved, method string) *latency.Window {
+	q := r.p.Hedging.Quantile
+	if q == 0 {
+		return nil
+	}
+	return ic.windows.Get(windowKey{method, q}, func() *latency.Window { return latency.New(q, policy.HedgeSamples) })
+}
+
+// hedgeBudget returns the ratio budget a target's hedges pass: the one
+// WithRetryBudget set, or else a default one (policy.Budget's defaults: 20 %
+// of the calls started, plus 10 a second), so that hedging never adds more
+// than that to a target's load even when no budget was asked for.
+func (ic *Interceptor) hedgeBudget(target string, lim *limits) *budget.Ratio {
+	if lim != nil && lim.ratio != nil {
+		return lim.ratio
+	}
+	return ic.hedgeBudgets.Get(target, func() *budget.Ratio {
+		r, _ := budget.NewRatio(policy.Budget{}, ic.clock.Now) // the defaults are valid
+		return r
+	})
+}
 
 // New returns an interceptor configured by opts. Every option is checked
 // here: an unusable value is an error that names the option, the field and
@@ -107,6 +153,7 @@ func New(opts ...Option) (*Interceptor, error) {
 	}
 	ic.tracing.init(c.tp)
 	ic.buffers.New = func() any { return new(attemptBuffer) }
+	ic.hedgeCalls.New = newHedgeCall
 	for name, p := range c.methods {
 		if strings.HasSuffix(name, "/") {
 			if ic.services == nil {

@@ -22,6 +22,7 @@ const (
 	MetricBreakerState       = "herdguard.client.breaker.state"
 	MetricBreakerTransitions = "herdguard.client.breaker.transitions"
 	MetricBudgetRefusals     = "herdguard.client.budget.refusals"
+	MetricHedges             = "herdguard.client.hedges"
 
 	AttrRetry      = attribute.Key("herdguard.retry")
 	AttrBudgetKind = attribute.Key("herdguard.budget")
@@ -39,17 +40,24 @@ type metering struct {
 	calls       metric.Int64Counter
 	transitions metric.Int64Counter
 	refusals    metric.Int64Counter
+	hedges      metric.Int64Counter
 
 	// measurement options per attribute combination, made once each
 	attemptOpts cow.Map[attemptKey, metric.MeasurementOption]
 	callOpts    cow.Map[callKey, metric.MeasurementOption]
 	delayOpts   cow.Map[string, metric.MeasurementOption]
+	hedgeOpts   cow.Map[hedgeKey, metric.MeasurementOption]
 }
 
 type attemptKey struct {
+	method       string
+	code         codes.Code
+	retry, hedge bool
+}
+
+type hedgeKey struct {
 	method string
-	code   codes.Code
-	retry  bool
+	won    bool
 }
 
 type callKey struct {
@@ -87,7 +95,10 @@ func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group) {
 		metric.WithDescription("Circuit breaker state changes, by scope, from and to."))
 	report(e)
 	m.refusals, e = meter.Int64Counter(MetricBudgetRefusals, metric.WithUnit("{retry}"),
-		metric.WithDescription("Retries the retry budget or throttling refused, by method and budget."))
+		metric.WithDescription("Retries and hedges the retry budget or throttling refused, by method and budget."))
+	report(e)
+	m.hedges, e = meter.Int64Counter(MetricHedges, metric.WithUnit("{hedge}"),
+		metric.WithDescription("Hedges sent (attempts after a hedged call's first), by method and whether the hedge won."))
 	report(e)
 	gauge, e := meter.Int64ObservableGauge(MetricBreakerState, metric.WithUnit("1"),
 		metric.WithDescription("Circuit breaker state per scope: 0 closed, 1 half-open, 2 open."))
@@ -106,15 +117,28 @@ func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group) {
 	}
 }
 
-func (m *metering) attempt(ctx context.Context, method string, code codes.Code, retry bool) {
+// attempt counts an attempt: retry is true for every attempt after a
+// call's first, hedge for those that were hedges.
+func (m *metering) attempt(ctx context.Context, method string, code codes.Code, retry, hedge bool) {
 	if m.attempts == nil || !m.attempts.Enabled(ctx) {
 		return
 	}
-	opt := m.attemptOpts.Get(attemptKey{method, code, retry}, func() metric.MeasurementOption {
+	opt := m.attemptOpts.Get(attemptKey{method, code, retry, hedge}, func() metric.MeasurementOption {
 		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)),
-			semconv.RPCResponseStatusCode(canonicalCode(code)), AttrRetry.Bool(retry)))
+			semconv.RPCResponseStatusCode(canonicalCode(code)), AttrRetry.Bool(retry), AttrHedge.Bool(hedge)))
 	})
 	m.attempts.Add(ctx, 1, opt)
+}
+
+// hedge counts a hedge that ended, and whether it won.
+func (m *metering) hedge(ctx context.Context, method string, won bool) {
+	if m.hedges == nil || !m.hedges.Enabled(ctx) {
+		return
+	}
+	opt := m.hedgeOpts.Get(hedgeKey{method, won}, func() metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)), AttrHedgeWon.Bool(won)))
+	})
+	m.hedges.Add(ctx, 1, opt)
 }
 
 func (m *metering) call(ctx context.Context, method string, outcome Outcome) {

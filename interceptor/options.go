@@ -227,6 +227,8 @@ func validMethodName(name string) bool {
 type clock interface {
 	Now() time.Time
 	NewTimer(d time.Duration) timer
+	// AfterFunc calls f in its own goroutine after d, as time.AfterFunc.
+	AfterFunc(d time.Duration, f func()) timer
 }
 
 // timer is a reusable timer: after Stop or a fire, Reset starts it again
@@ -241,6 +243,9 @@ type realClock struct{}
 
 func (realClock) Now() time.Time                 { return time.Now() }
 func (realClock) NewTimer(d time.Duration) timer { return realTimer{time.NewTimer(d)} }
+func (realClock) AfterFunc(d time.Duration, f func()) timer {
+	return realTimer{time.AfterFunc(d, f)}
+}
 
 type realTimer struct{ t *time.Timer }
 

@@ -97,6 +97,9 @@ func newHeldClock() *heldClock { return &heldClock{waits: make(chan time.Duratio
 
 func (c *heldClock) Now() time.Time { return time.Now() }
 
+// AfterFunc returns a timer that never fires.
+func (c *heldClock) AfterFunc(d time.Duration, _ func()) timer { return c.NewTimer(d) }
+
 func (c *heldClock) NewTimer(d time.Duration) timer {
 	t := &heldTimer{clock: c, c: make(chan time.Time)}
 	t.Reset(d)

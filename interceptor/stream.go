@@ -162,7 +162,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		s.ctx = ctx
 	}
 	s.maxAttempts = p.p.MaxAttempts
-	if noRetry {
+	if noRetry || p.hedged() {
 		s.maxAttempts = 1
 	}
 	if ic.breakers != nil {
@@ -784,7 +784,7 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		return
 	}
 	a.ended = true
-	s.ic.metering.attempt(s.ctx, s.method, status.Code(err), a.n > 1)
+	s.ic.metering.attempt(s.ctx, s.method, status.Code(err), a.n > 1, false)
 	if a.span != nil {
 		st := status.Convert(err)
 		endAttempt(a.span, st.Code(), st.Message())

@@ -38,6 +38,11 @@ const (
 	AttrBreakerTo      = attribute.Key("herdguard.breaker.to")
 	AttrBreakerProbe   = attribute.Key("herdguard.breaker.probe")
 
+	AttrHedge       = attribute.Key("herdguard.hedge")        // an attempt that was a hedge
+	AttrHedgeWon    = attribute.Key("herdguard.hedge.won")    // the attempt whose answer the caller got
+	AttrHedges      = attribute.Key("herdguard.hedges")       // hedges a call sent
+	AttrHedgeWinner = attribute.Key("herdguard.hedge.winner") // the number of the attempt that answered
+
 	AttrStreamSent             = attribute.Key("herdguard.stream.messages_sent")
 	AttrStreamReceived         = attribute.Key("herdguard.stream.messages_received")
 	AttrStreamReplayedMessages = attribute.Key("herdguard.stream.replayed_messages")

@@ -67,6 +67,10 @@ type unaryCall struct {
 	idle bool
 	// clientErr is true when the call ended with the client's own error.
 	clientErr bool
+	// hedged is true when the call is hedged; hedges is how many hedges it
+	// sent, and winner the number of the attempt that answered (0: none).
+	hedged         bool
+	hedges, winner int
 }
 
 func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -101,12 +105,16 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf,
 		lim: ic.limitsFor(cc.Target()), unsafe: unsafe}
 	maxAttempts := p.p.MaxAttempts
+	if p.hedged() {
+		maxAttempts = p.p.Hedging.MaxAttempts
+		c.hedged = !unsafe && hedgeable(reply) // WithIdempotentOnly: only idempotent methods are hedged
+	}
 	if noRetry {
 		maxAttempts = 1
 	}
 
 	if ic.breakers == nil {
-		err = c.run(ctx, maxAttempts)
+		err = c.call(ctx, maxAttempts)
 	} else {
 		b := ic.breakers.Get(cc.Target(), method)
 		var probe bool
@@ -115,7 +123,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 			if isProbe {
 				maxAttempts = 1
 			}
-			err = c.run(ctx, maxAttempts)
+			err = c.call(ctx, maxAttempts)
 			if c.clientErr {
 				return herdguard.Ignored // the client's own error says nothing of the server
 			}
@@ -142,11 +150,26 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	buf.opts, buf.header, buf.trailer, buf.peer = buf.opts[:0], nil, nil, peer.Peer{}
 	ic.buffers.Put(buf)
 	if span != nil {
+		if c.hedged && maxAttempts > 1 {
+			span.SetAttributes(AttrHedges.Int(c.hedges))
+			if c.winner > 0 {
+				span.SetAttributes(AttrHedgeWinner.Int(c.winner))
+			}
+		}
 		st := status.Convert(err)
 		endCall(span, c.attempts, c.outcome, st.Code(), st.Message())
 	}
 	ic.metering.call(ctx, method, c.outcome)
 	return err
+}
+
+// call makes the call: hedged, or retried (a hedged call allowed a single
+// attempt is simply that attempt).
+func (c *unaryCall) call(ctx context.Context, maxAttempts int) error {
+	if c.hedged && maxAttempts > 1 {
+		return c.hedge(ctx, maxAttempts)
+	}
+	return c.run(ctx, maxAttempts)
 }
 
 // verdict is what a finished call tells the breaker. The caller's own
@@ -245,7 +268,7 @@ func (c *unaryCall) attempt(ctx context.Context, n int, catch bool) attemptEnd {
 		st := status.Convert(end.err)
 		endAttempt(span, st.Code(), st.Message())
 	}
-	c.ic.metering.attempt(ctx, c.method, status.Code(end.err), n > 1)
+	c.ic.metering.attempt(ctx, c.method, status.Code(end.err), n > 1, false)
 	if end.err != nil {
 		end.timedOut = end.timedOut && status.Code(end.err) == codes.DeadlineExceeded
 		end.trailer, end.headers = c.buf.trailer, c.buf.header != nil

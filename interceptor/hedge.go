@@ -1,0 +1,400 @@
+package interceptor
+
+import (
+	"context"
+	"reflect"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/herdguard/herdguard/budget"
+	"github.com/herdguard/herdguard/latency"
+)
+
+// hedgeCall is one hedged unary call (gRFC A6's hedging policy). Its first
+// attempt runs on the caller's goroutine, each hedge on a goroutine of its
+// own. The first attempt goes at once, each next one after the hedging delay,
+// or at once after a non-fatal failure, or after the server's pushback. The
+// first answer (a reply, or a fatal failure) decides the call and cancels
+// every other attempt; the caller sees exactly that answer. If every attempt
+// fails non-fatally and no more may go, the last failure decides it.
+//
+// hedgeCalls are pooled per interceptor with their first attempt, their
+// channel and their timer, so that a call answered before its hedging delay
+// allocates only its first attempt's cancellable context. One goes back to
+// the pool only once nothing refers to it: every hedge's goroutine and every
+// timer callback has ended (wg).
+type hedgeCall struct {
+	// c is a copy of the call, so that an unhedged call, which never gets
+	// here, does not escape to the heap.
+	c        unaryCall
+	ctx      context.Context
+	max      int
+	delay    time.Duration
+	window   *latency.Window // nil: a fixed delay
+	ratio    *budget.Ratio
+	throttle *budget.Throttle // nil: no throttling
+	done     chan struct{}    // one value once the call is decided
+	fire     func()           // h.onTimer, made once
+	first    hedgeAttempt     // the first attempt
+	inline   [4]*hedgeAttempt // attempts' first backing array
+	// wg counts the hedges' goroutines and the timer's pending or running
+	// callbacks, so that none outlives the call.
+	wg sync.WaitGroup
+
+	// mu guards the fields below. It is never held while an attempt runs.
+	mu          sync.Mutex
+	attempts    []*hedgeAttempt
+	outstanding int
+	timer       timer
+	noMore      bool          // no further hedge may go
+	refused     string        // the budget that refused a hedge: "throttling" or "ratio"
+	stopped     bool          // a pushback said not to hedge again
+	decided     bool          //
+	winner      *hedgeAttempt // the attempt that decided the call; nil if all failed
+	err         error         // the call's error
+	last        error         // the last non-fatal failure
+	numbers     retryNumbers
+}
+
+// hedgeAttempt is one attempt of a hedged call.
+type hedgeAttempt struct {
+	n               int
+	ctx             context.Context
+	cancel          context.CancelFunc
+	reply           any
+	opts            []grpc.CallOption
+	header, trailer *metadata.MD
+	own             struct{ header, trailer metadata.MD } // a hedge's catchers
+	span            trace.Span
+	start           time.Time
+}
+
+func newHedgeCall() any {
+	h := &hedgeCall{done: make(chan struct{}, 1)}
+	h.fire = h.onTimer
+	return h
+}
+
+// hedge makes a hedged call of at most maxAttempts attempts and returns its
+// error. It sets c.attempts, c.outcome, c.hedges and c.winner.
+func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
+	h := c.ic.hedgeCalls.Get().(*hedgeCall)
+	defer h.release(c.ic)
+	h.c, h.ctx, h.max = *c, ctx, maxAttempts
+	h.window, h.ratio = c.ic.window(c.p, c.method), c.ic.hedgeBudget(c.cc.Target(), c.lim)
+	h.attempts = h.inline[:0]
+	if c.lim != nil {
+		h.throttle = c.lim.throttle
+	}
+	var q time.Duration
+	known := false
+	if h.window != nil {
+		q, known = h.window.Quantile()
+	}
+	h.delay = c.p.p.Hedging.HedgeDelay(q, known)
+	h.ratio.Call()
+
+	h.mu.Lock()
+	first := h.newAttemptLocked(1)
+	h.outstanding = 1
+	h.armLocked(h.delay)
+	h.mu.Unlock()
+	h.report(first, h.run(first))
+
+	select {
+	case <-h.done:
+	case <-ctx.Done():
+		// Attempts in flight end with the context and decide the call; one
+		// waiting for a pushback's delay would not.
+		h.mu.Lock()
+		if !h.decided {
+			h.decideLocked(nil, status.FromContextError(ctx.Err()).Err(), contextOutcome(ctx.Err()))
+		}
+		h.mu.Unlock()
+		<-h.done
+	}
+	h.mu.Lock()
+	h.stopTimerLocked()
+	h.mu.Unlock()
+	h.wg.Wait() // every loser has ended: the reply is the winner's alone
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c.outcome, c.clientErr = h.c.outcome, h.c.clientErr
+	c.attempts, c.hedges = len(h.attempts), len(h.attempts)-1
+	if w := h.winner; w != nil && h.err == nil {
+		c.winner = w.n
+		if w != first {
+			copyReply(c.reply, w.reply)
+		}
+	}
+	if h.err == nil {
+		c.outcome = OutcomeOK
+		if h.throttle != nil {
+			h.throttle.Success()
+		}
+	}
+	return h.err
+}
+
+// newAttemptLocked makes attempt n: the first uses the caller's reply and
+// the call's pooled catchers, a hedge a reply and catchers of its own.
+func (h *hedgeCall) newAttemptLocked(n int) *hedgeAttempt {
+	c := &h.c
+	var a *hedgeAttempt
+	ctx := h.ctx
+	if n == 1 {
+		h.first = hedgeAttempt{n: 1}
+		a = &h.first
+		a.reply, a.opts = c.reply, c.buf.opts
+		a.header, a.trailer = &c.buf.header, &c.buf.trailer
+	} else {
+		a = &hedgeAttempt{n: n}
+		ctx = h.numbers.context(ctx, n, h.max)
+		a.reply = newReplyLike(c.reply)
+		callerOpts := c.buf.opts[:len(c.buf.opts)-catchers]
+		a.opts = append(callerOpts[:len(callerOpts):len(callerOpts)],
+			grpc.Header(&a.own.header), grpc.Trailer(&a.own.trailer))
+		a.header, a.trailer = &a.own.header, &a.own.trailer
+	}
+	a.ctx, a.cancel = context.WithCancel(ctx)
+	h.attempts = append(h.attempts, a)
+	return a
+}
+
+// run sends attempt a and returns its error.
+func (h *hedgeCall) run(a *hedgeAttempt) error {
+	c := &h.c
+	ctx := a.ctx
+	if c.tracer != nil {
+		ctx, a.span = startAttempt(ctx, c.tracer, a.n)
+		if a.n > 1 {
+			a.span.SetAttributes(AttrHedge.Bool(true))
+		}
+	}
+	a.start = c.ic.clock.Now()
+	return c.invoker(ctx, c.method, c.req, a.reply, c.cc, a.opts...)
+}
+
+// report judges the end of attempt a: it may decide the call, or send the
+// next hedge at once. Then it records the attempt.
+func (h *hedgeCall) report(a *hedgeAttempt, err error) {
+	c := &h.c
+	elapsed := c.ic.clock.Now().Sub(a.start)
+	h.mu.Lock()
+	h.outstanding--
+	if !h.decided {
+		h.judgeLocked(a, err)
+	}
+	won := h.winner == a && err == nil
+	h.mu.Unlock()
+	a.cancel()
+
+	if err == nil && h.window != nil {
+		h.window.Record(elapsed) // an attempt cancelled as a loser ends with an error
+	}
+	c.ic.metering.attempt(h.ctx, c.method, status.Code(err), a.n > 1, a.n > 1)
+	if a.n > 1 {
+		c.ic.metering.hedge(h.ctx, c.method, won)
+	}
+	if a.span != nil {
+		if won {
+			a.span.SetAttributes(AttrHedgeWon.Bool(true))
+		}
+		st := status.Convert(err)
+		endAttempt(a.span, st.Code(), st.Message())
+	}
+}
+
+// judgeLocked decides the call on attempt a's end, or goes on hedging.
+func (h *hedgeCall) judgeLocked(a *hedgeAttempt, err error) {
+	if err == nil {
+		h.decideLocked(a, nil, OutcomeOK)
+		return
+	}
+	c := &h.c
+	code := status.Code(err)
+	headers := *a.header != nil
+	nonFatal := c.p.nonFatalCode(code) && !headers && !clientSide(err) && h.ctx.Err() == nil
+	wait, ok, present := pushback(*a.trailer)
+	if nonFatal || present && !ok {
+		// gRFC A6: a non-fatal failure, or a pushback that says stop,
+		// counts as a failure for throttling.
+		if h.throttle != nil {
+			h.throttle.Failure()
+		}
+	}
+	if present && !ok {
+		h.noMore, h.stopped = true, true
+	}
+	switch {
+	case h.ctx.Err() != nil:
+		h.decideLocked(a, err, contextOutcome(h.ctx.Err()))
+		return
+	case headers:
+		h.decideLocked(a, err, OutcomeFailedAfterCommit)
+		return
+	case !nonFatal:
+		c.clientErr = clientSide(err)
+		h.decideLocked(a, err, OutcomeNotRetryable)
+		return
+	}
+	h.last = err
+	if present && ok {
+		if deadline, has := h.ctx.Deadline(); has && h.outstanding == 0 && c.ic.clock.Now().Add(wait).After(deadline) {
+			// no attempt in flight, and the next could not go in time
+			h.decideLocked(nil, &RetryError{Attempts: len(h.attempts), Outcome: OutcomeDeadline, Err: err}, OutcomeDeadline)
+			return
+		}
+		h.armLocked(wait) // the next hedge after the pushback, if any
+	} else {
+		h.hedgeLocked() // the next hedge at once
+	}
+	if h.outstanding == 0 && (h.noMore || len(h.attempts) >= h.max) {
+		outcome := OutcomeExhausted
+		switch {
+		case h.stopped:
+			outcome = OutcomePushbackStop
+		case h.refused != "":
+			outcome = OutcomeBudgetExhausted
+		}
+		h.decideLocked(nil, &RetryError{Attempts: len(h.attempts), Outcome: outcome, Err: err}, outcome)
+	}
+}
+
+// decideLocked ends the call with err, decided by attempt a (nil when all
+// failed), and cancels every other attempt.
+func (h *hedgeCall) decideLocked(a *hedgeAttempt, err error, outcome Outcome) {
+	if h.decided {
+		return
+	}
+	h.decided, h.winner, h.err, h.c.outcome = true, a, err, outcome
+	h.noMore = true
+	h.stopTimerLocked()
+	for _, o := range h.attempts {
+		if o != a {
+			o.cancel()
+		}
+	}
+	h.done <- struct{}{}
+}
+
+// hedgeLocked sends the next hedge, if the call is undecided, attempts
+// remain, and the throttling and the budget allow it; then it arms the
+// timer for the one after.
+func (h *hedgeCall) hedgeLocked() {
+	if h.decided || h.noMore || len(h.attempts) >= h.max {
+		return
+	}
+	if h.ctx.Err() != nil {
+		h.noMore = true
+		return
+	}
+	switch {
+	case h.throttle != nil && !h.throttle.Allowed():
+		h.refuseLocked("throttling")
+		return
+	case !h.ratio.TryRetry():
+		h.refuseLocked("ratio")
+		return
+	}
+	a := h.newAttemptLocked(len(h.attempts) + 1)
+	h.outstanding++
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		h.report(a, h.run(a))
+	}()
+	h.armLocked(h.delay)
+}
+
+// refuseLocked stops hedging because a budget refused a hedge, and counts
+// the refusal. A call whose attempts have all failed then ends.
+func (h *hedgeCall) refuseLocked(kind string) {
+	h.noMore, h.refused = true, kind
+	h.c.ic.metering.refusal(h.ctx, h.c.method, kind)
+	if h.outstanding == 0 && h.last != nil {
+		h.decideLocked(nil, &RetryError{Attempts: len(h.attempts), Outcome: OutcomeBudgetExhausted, Err: h.last}, OutcomeBudgetExhausted)
+	}
+}
+
+// armLocked sets the timer to send the next hedge after d, if another may
+// go. Every callback the timer will run is counted in wg.
+func (h *hedgeCall) armLocked(d time.Duration) {
+	if h.decided || h.noMore || len(h.attempts) >= h.max {
+		return
+	}
+	if h.timer == nil {
+		h.wg.Add(1)
+		h.timer = h.c.ic.clock.AfterFunc(d, h.fire) // kept with the pooled call
+		return
+	}
+	if !h.timer.Reset(d) {
+		h.wg.Add(1) // it had fired: a new callback is scheduled
+	}
+}
+
+// stopTimerLocked stops the timer; a callback it will no longer run is
+// taken off wg.
+func (h *hedgeCall) stopTimerLocked() {
+	if h.timer != nil && h.timer.Stop() {
+		h.wg.Done()
+	}
+}
+
+// onTimer is the timer's callback: the hedging delay passed.
+func (h *hedgeCall) onTimer() {
+	defer h.wg.Done()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.hedgeLocked()
+	if h.outstanding == 0 && !h.decided && (h.noMore || len(h.attempts) >= h.max) && h.last != nil {
+		// a pushback delayed this hedge after every attempt had failed,
+		// and it may not go
+		h.decideLocked(nil, &RetryError{Attempts: len(h.attempts), Outcome: OutcomeExhausted, Err: h.last}, OutcomeExhausted)
+	}
+}
+
+// release returns h to ic's pool once nothing refers to it any more: the
+// caller has waited for every hedge and timer callback (wg). What the call
+// held is dropped; the channel, the timer and the backing arrays stay.
+func (h *hedgeCall) release(ic *Interceptor) {
+	clear(h.inline[:])
+	*h = hedgeCall{done: h.done, fire: h.fire, timer: h.timer}
+	ic.hedgeCalls.Put(h)
+}
+
+// newReplyLike returns a new, empty reply of the type of reply, for a hedge
+// to decode into.
+func newReplyLike(reply any) any {
+	if m, ok := reply.(proto.Message); ok {
+		return m.ProtoReflect().New().Interface()
+	}
+	return reflect.New(reflect.TypeOf(reply).Elem()).Interface()
+}
+
+// copyReply makes dst, the caller's reply, hold the winning hedge's src.
+func copyReply(dst, src any) {
+	if d, ok := dst.(proto.Message); ok {
+		proto.Reset(d)
+		proto.Merge(d, src.(proto.Message))
+		return
+	}
+	reflect.ValueOf(dst).Elem().Set(reflect.ValueOf(src).Elem())
+}
+
+// hedgeable reports whether a hedge can be made for a call whose reply is
+// reply: its type must be known to make another.
+func hedgeable(reply any) bool {
+	if _, ok := reply.(proto.Message); ok {
+		return true
+	}
+	t := reflect.TypeOf(reply)
+	return t != nil && t.Kind() == reflect.Pointer
+}

@@ -1,0 +1,636 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/policy"
+)
+
+// manualClock is a clock whose time moves, and whose AfterFunc timers fire,
+// only when the test says. It records every delay a timer was set to.
+type manualClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*manualTimer
+	armed  []time.Duration
+}
+
+func newManualClock() *manualClock { return &manualClock{now: time.Now()} }
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// NewTimer fires at once: hedging tests make no backoff waits.
+func (c *manualClock) NewTimer(d time.Duration) timer {
+	t := &fakeTimer{clock: newFakeClock(), c: make(chan time.Time, 1)}
+	t.Reset(d)
+	return t
+}
+
+func (c *manualClock) AfterFunc(d time.Duration, f func()) timer {
+	t := &manualTimer{clock: c, f: f}
+	c.mu.Lock()
+	c.timers = append(c.timers, t)
+	c.mu.Unlock()
+	t.Reset(d)
+	return t
+}
+
+// Advance moves the time on by d and runs, each in its own goroutine, the
+// timers that are due.
+func (c *manualClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	var due []func()
+	for _, t := range c.timers {
+		if t.active && !t.due.After(c.now) {
+			t.active = false
+			due = append(due, t.f)
+		}
+	}
+	c.mu.Unlock()
+	for _, f := range due {
+		go f()
+	}
+}
+
+// Skip moves the time on by d without running any timer.
+func (c *manualClock) Skip(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// Armed returns the delays timers were set to, in order.
+func (c *manualClock) Armed() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.armed)
+}
+
+type manualTimer struct {
+	clock  *manualClock
+	f      func()
+	due    time.Time
+	active bool
+}
+
+func (t *manualTimer) C() <-chan time.Time { return nil }
+
+func (t *manualTimer) Reset(d time.Duration) bool {
+	t.clock.mu.Lock()
+	defer t.clock.mu.Unlock()
+	was := t.active
+	t.active, t.due = true, t.clock.now.Add(d)
+	t.clock.armed = append(t.clock.armed, d)
+	return was
+}
+
+func (t *manualTimer) Stop() bool {
+	t.clock.mu.Lock()
+	defer t.clock.mu.Unlock()
+	was := t.active
+	t.active = false
+	return was
+}
+
+// hedgeServer answers UnaryCall per attempt: the test sets, by attempt
+// number, what each attempt does; every arrival is announced on arrived.
+type hedgeServer struct {
+	*testserver.Server
+	arrived chan int
+	mu      sync.Mutex
+	answer  map[int]func(ctx context.Context) (*testgrpc.SimpleResponse, error)
+	ended   map[int]error // how each attempt's context ended, if it did
+	keys    map[int]string
+}
+
+func startHedgeServer(t *testing.T) *hedgeServer {
+	h := &hedgeServer{arrived: make(chan int, 16), answer: map[int]func(context.Context) (*testgrpc.SimpleResponse, error){},
+		ended: map[int]error{}, keys: map[int]string{}}
+	h.Server = testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+		n := attemptOf(ctx)
+		md, _ := metadata.FromIncomingContext(ctx)
+		h.mu.Lock()
+		f := h.answer[n]
+		if v := md.Get("idempotency-key"); len(v) > 0 {
+			h.keys[n] = v[0]
+		}
+		h.mu.Unlock()
+		h.arrived <- n
+		if f == nil {
+			<-ctx.Done() // hang until cancelled
+			h.mu.Lock()
+			h.ended[n] = ctx.Err()
+			h.mu.Unlock()
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		return f(ctx)
+	}})
+	return h
+}
+
+// on sets what attempt n does.
+func (h *hedgeServer) on(n int, f func(ctx context.Context) (*testgrpc.SimpleResponse, error)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.answer[n] = f
+}
+
+func reply(name string) func(context.Context) (*testgrpc.SimpleResponse, error) {
+	return func(context.Context) (*testgrpc.SimpleResponse, error) {
+		return &testgrpc.SimpleResponse{Username: name}, nil
+	}
+}
+
+func failWith(c codes.Code, pushbackMS string) func(context.Context) (*testgrpc.SimpleResponse, error) {
+	return func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
+		if pushbackMS != "" {
+			_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackTrailerKey, pushbackMS))
+		}
+		return nil, status.Error(c, "scripted "+c.String())
+	}
+}
+
+// waitArrival waits for attempt want to reach the server.
+func (h *hedgeServer) waitArrival(t *testing.T, want int) {
+	t.Helper()
+	select {
+	case n := <-h.arrived:
+		if n != want {
+			t.Fatalf("attempt %d reached the server, want %d", n, want)
+		}
+	case <-time.After(callTimeout):
+		t.Fatalf("attempt %d never reached the server", want)
+	}
+}
+
+// waitEnded waits until attempt n's context ends at the server, and
+// returns how it ended.
+func (h *hedgeServer) waitEnded(t *testing.T, n int) error {
+	t.Helper()
+	deadline := time.Now().Add(callTimeout)
+	for time.Now().Before(deadline) {
+		h.mu.Lock()
+		err, ok := h.ended[n]
+		h.mu.Unlock()
+		if ok {
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("attempt %d never ended at the server", n)
+	return nil
+}
+
+// noArrival checks that no attempt reaches the server for a while.
+func (h *hedgeServer) noArrival(t *testing.T) {
+	t.Helper()
+	select {
+	case n := <-h.arrived:
+		t.Fatalf("attempt %d reached the server, want none", n)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+const hedgeDelay = 20 * time.Millisecond
+
+func hedging(maxAttempts int, nonFatal ...codes.Code) policy.Policy {
+	return policy.Policy{Hedging: policy.Hedging{MaxAttempts: maxAttempts, Delay: hedgeDelay, NonFatalCodes: nonFatal}}
+}
+
+// hedgedCall starts a UnaryCall in the background through a new interceptor
+// with the manual clock; wait for its result on the returned channel.
+func hedgedCall(t *testing.T, srv *hedgeServer, clk *manualClock, p policy.Policy, opts ...Option) (<-chan result, *Interceptor) {
+	t.Helper()
+	ic, err := New(append([]Option{withClock(clk), WithPolicy(p), WithIdempotencyKey("idempotency-key")}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	done := make(chan result, 1)
+	go func() {
+		r, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{})
+		done <- result{r, err}
+	}()
+	return done, ic
+}
+
+type result struct {
+	r   *testgrpc.SimpleResponse
+	err error
+}
+
+func (r result) String() string { return fmt.Sprintf("%v, %v", r.r, r.err) }
+
+func waitResult(t *testing.T, done <-chan result) result {
+	t.Helper()
+	select {
+	case r := <-done:
+		return r
+	case <-time.After(callTimeout):
+		t.Fatal("the call never returned")
+		return result{}
+	}
+}
+
+func TestHedgeFirstAttemptAloneWhenItAnswersInTime(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	srv.on(1, reply("first"))
+	done, _ := hedgedCall(t, srv, clk, hedging(3))
+	srv.waitArrival(t, 1)
+	if r := waitResult(t, done); r.err != nil || r.r.GetUsername() != "first" {
+		t.Fatalf("call: %v; want the first attempt's reply", r)
+	}
+	clk.Advance(time.Hour) // a stale timer must send nothing
+	srv.noArrival(t)
+	if got := clk.Armed(); !slices.Equal(got, []time.Duration{hedgeDelay}) {
+		t.Errorf("timers set to %v, want one hedging delay", got)
+	}
+}
+
+// TestHedgeAfterTheDelayAndTheFirstAnswerWins: a hedge goes after the
+// delay, carries the attempt number and the call's one idempotency key;
+// its reply is the caller's, and the first attempt is cancelled.
+func TestHedgeAfterTheDelayAndTheFirstAnswerWins(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	srv.on(2, reply("hedge"))
+	done, _ := hedgedCall(t, srv, clk, hedging(3))
+	srv.waitArrival(t, 1)
+	srv.noArrival(t) // no hedge before the delay
+	clk.Advance(hedgeDelay)
+	srv.waitArrival(t, 2)
+	r := waitResult(t, done)
+	if r.err != nil || r.r.GetUsername() != "hedge" {
+		t.Fatalf("call: %v; want the hedge's reply", r)
+	}
+	if err := srv.waitEnded(t, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("the first attempt ended with %v, want cancelled by the winner", err)
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if k1, k2 := srv.keys[1], srv.keys[2]; k1 == "" || k1 != k2 {
+		t.Errorf("idempotency keys %q and %q, want one key on both attempts", k1, k2)
+	}
+}
+
+func TestHedgeNonFatalSendsTheNextAtOnce(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	srv.on(1, failWith(codes.Unavailable, ""))
+	srv.on(2, reply("second"))
+	done, _ := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable))
+	srv.waitArrival(t, 1)
+	srv.waitArrival(t, 2) // without the clock moving
+	if r := waitResult(t, done); r.err != nil || r.r.GetUsername() != "second" {
+		t.Fatalf("call: %v; want the second attempt's reply", r)
+	}
+}
+
+func TestHedgeFatalStatusEndsTheCall(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	srv.on(2, failWith(codes.Internal, ""))
+	done, _ := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable))
+	srv.waitArrival(t, 1)
+	clk.Advance(hedgeDelay)
+	srv.waitArrival(t, 2)
+	r := waitResult(t, done)
+	var re *RetryError
+	if status.Code(r.err) != codes.Internal || errors.As(r.err, &re) {
+		t.Fatalf("call: %v; want the hedge's Internal as it is", r)
+	}
+	clk.Advance(time.Hour)
+	srv.noArrival(t) // no third attempt after a fatal status
+	if err := srv.waitEnded(t, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("the first attempt ended with %v, want cancelled", err)
+	}
+}
+
+func TestHedgePushback(t *testing.T) {
+	t.Run("positive delays the next hedge", func(t *testing.T) {
+		srv, clk := startHedgeServer(t), newManualClock()
+		srv.on(1, failWith(codes.Unavailable, "500"))
+		srv.on(2, reply("second"))
+		done, _ := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable))
+		srv.waitArrival(t, 1)
+		srv.noArrival(t) // not at once: the server asked for 500ms
+		clk.Advance(hedgeDelay)
+		srv.noArrival(t) // nor after the hedging delay
+		clk.Advance(500*time.Millisecond - hedgeDelay)
+		srv.waitArrival(t, 2)
+		if r := waitResult(t, done); r.err != nil {
+			t.Fatalf("call: %v", r)
+		}
+		if got := clk.Armed(); !slices.Contains(got, 500*time.Millisecond) {
+			t.Errorf("timers set to %v, want one of 500ms after the pushback", got)
+		}
+	})
+	t.Run("negative stops hedging", func(t *testing.T) {
+		srv, clk := startHedgeServer(t), newManualClock()
+		srv.on(1, failWith(codes.Unavailable, "-1"))
+		done, _ := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable))
+		srv.waitArrival(t, 1)
+		r := waitResult(t, done)
+		var re *RetryError
+		if status.Code(r.err) != codes.Unavailable || !errors.As(r.err, &re) || re.Outcome != OutcomePushbackStop || re.Attempts != 1 {
+			t.Fatalf("call: %v; want a pushback_stop RetryError after 1 attempt", r)
+		}
+		clk.Advance(time.Hour)
+		srv.noArrival(t)
+	})
+}
+
+// TestHedgeAllNonFatal: when every attempt fails non-fatally, the call
+// fails loudly with the last status.
+func TestHedgeAllNonFatal(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	for n := 1; n <= 3; n++ {
+		srv.on(n, failWith(codes.Unavailable, ""))
+	}
+	done, _ := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable))
+	for n := 1; n <= 3; n++ {
+		srv.waitArrival(t, n)
+	}
+	r := waitResult(t, done)
+	var re *RetryError
+	if !errors.As(r.err, &re) || re.Outcome != OutcomeExhausted || re.Attempts != 3 || status.Code(r.err) != codes.Unavailable {
+		t.Fatalf("call: %v; want an exhausted RetryError after 3 attempts with Unavailable", r)
+	}
+}
+
+// TestHedgeNeedsAThrottlingToken: with half the tokens gone, no hedge goes.
+func TestHedgeNeedsAThrottlingToken(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	srv.on(1, failWith(codes.Unavailable, ""))
+	done, ic := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable),
+		WithRetryThrottling(policy.Throttling{MaxTokens: 2, TokenRatio: 1}))
+	srv.waitArrival(t, 1) // its failure takes a token: 1 of 2 left, not more than half
+	r := waitResult(t, done)
+	var re *RetryError
+	if !errors.As(r.err, &re) || re.Outcome != OutcomeBudgetExhausted || re.Attempts != 1 {
+		t.Fatalf("call: %v; want a budget_exhausted RetryError after 1 attempt", r)
+	}
+	srv.noArrival(t)
+	_ = ic
+}
+
+// TestHedgeBudgetByDefault: with no budget asked for, hedges still pass a
+// ratio budget (20 % of calls plus 10 a second): a server that is slow for
+// every call gets far fewer hedges than calls.
+func TestHedgeBudgetByDefault(t *testing.T) {
+	var mu sync.Mutex
+	attempts := map[int]int{}
+	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+		n := attemptOf(ctx)
+		mu.Lock()
+		attempts[n]++
+		mu.Unlock()
+		if n == 1 {
+			<-ctx.Done() // every first attempt hangs until the hedge wins
+			return nil, ctx.Err()
+		}
+		return &testgrpc.SimpleResponse{}, nil
+	}})
+	clk := newFakeClock() // every hedging delay passes at once
+	ic, err := New(withClock(clk), WithoutBreaker(), WithPolicy(hedging(2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	const (
+		calls = 200
+		wait  = 25 * time.Millisecond // a call without a hedge ends by it
+	)
+	failed := 0
+	for range calls {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		if _, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
+			failed++
+		}
+		cancel()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// 0.2 × 200 + 10/s × 10s of reserve = 140 hedges at most
+	if hedges := attempts[2]; hedges > 140 || hedges < 100 {
+		t.Errorf("%d hedges for %d calls, want the default budget's 140 at most (and most of them)", hedges, calls)
+	}
+	if failed != calls-attempts[2] {
+		t.Errorf("%d calls failed, want those without a hedge (%d)", failed, calls-attempts[2])
+	}
+}
+
+func TestHedgeOnlyIdempotentMethodsWithIdempotentOnly(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	srv.on(1, reply("first")) // TestService's UnaryCall is not marked idempotent
+	done, _ := hedgedCall(t, srv, clk, hedging(3), WithIdempotentOnly())
+	srv.waitArrival(t, 1)
+	if r := waitResult(t, done); r.err != nil {
+		t.Fatalf("call: %v", r)
+	}
+	if got := clk.Armed(); len(got) != 0 {
+		t.Errorf("timers set to %v for a method that may not be hedged, want none", got)
+	}
+}
+
+// TestHedgeCallerCancelEndsEveryAttempt: a cancelled caller cancels every
+// outstanding hedge at once, and no goroutine outlives the call (TestMain).
+func TestHedgeCallerCancelEndsEveryAttempt(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	ic, err := New(withClock(clk), WithPolicy(hedging(3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{})
+		done <- err
+	}()
+	srv.waitArrival(t, 1)
+	clk.Advance(hedgeDelay)
+	srv.waitArrival(t, 2)
+	clk.Advance(hedgeDelay)
+	srv.waitArrival(t, 3)
+	cancel()
+	select {
+	case err := <-done:
+		if status.Code(err) != codes.Canceled {
+			t.Errorf("call: %v, want Canceled", err)
+		}
+	case <-time.After(callTimeout):
+		t.Fatal("the call did not end when its caller cancelled")
+	}
+	for n := 1; n <= 3; n++ {
+		if err := srv.waitEnded(t, n); !errors.Is(err, context.Canceled) {
+			t.Errorf("attempt %d ended with %v, want cancelled", n, err)
+		}
+	}
+}
+
+// TestHedgeBreakerCountsOneCallAndProbesAlone: the breaker sees a hedged
+// call as one call, and a half-open probe makes a single attempt.
+func TestHedgeBreakerCountsOneCallAndProbesAlone(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	srv.on(1, failWith(codes.Unavailable, ""))
+	srv.on(2, failWith(codes.Unavailable, ""))
+	srv.on(3, failWith(codes.Unavailable, ""))
+	done, ic := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable), WithBreaker(breaker.Settings{ConsecutiveFailures: 2}))
+	for n := 1; n <= 3; n++ {
+		srv.waitArrival(t, n)
+	}
+	waitResult(t, done)
+	b := ic.Breakers().Get(testserver.Target, testserver.MethodUnary)
+	if c := b.Counts(); c.ConsecutiveFailures != 1 || b.State() != breaker.Closed {
+		t.Fatalf("after one hedged call of 3 failed attempts: %v with %+v; want closed with a run of 1", b.State(), c)
+	}
+}
+
+// TestHedgeSpansAndMetrics: every hedge is an attempt span marked as one,
+// the winner is marked, the call span says how many hedges went and which
+// attempt won; attempts carry the hedge attribute and hedges are counted.
+func TestHedgeSpansAndMetrics(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	srv.on(2, reply("hedge"))
+	rec, tp := newRecorder()
+	reader, mp := newMetrics()
+	done, _ := hedgedCall(t, srv, clk, hedging(3), WithTracerProvider(tp), WithMeterProvider(mp))
+	srv.waitArrival(t, 1)
+	clk.Advance(hedgeDelay)
+	srv.waitArrival(t, 2)
+	if r := waitResult(t, done); r.err != nil {
+		t.Fatal(r)
+	}
+	calls := spansNamed(rec.Ended(), "grpc.testing.TestService/UnaryCall")
+	if len(calls) != 1 {
+		t.Fatalf("%d call spans, want 1", len(calls))
+	}
+	attrs := attrMap(calls[0].Attributes())
+	if attrs[AttrHedges] != attribute.IntValue(1) || attrs[AttrHedgeWinner] != attribute.IntValue(2) || attrs[AttrAttempts] != attribute.IntValue(2) {
+		t.Errorf("call span attributes %v: want 2 attempts, 1 hedge, attempt 2 the winner", attrs)
+	}
+	attempts := spansNamed(rec.Ended(), SpanAttempt)
+	if len(attempts) != 2 {
+		t.Fatalf("%d attempt spans, want 2", len(attempts))
+	}
+	for _, s := range attempts {
+		a := attrMap(s.Attributes())
+		n := a[AttrAttempt].AsInt64()
+		hedge, won := a[AttrHedge].AsBool(), a[AttrHedgeWon].AsBool()
+		if hedge != (n == 2) || won != (n == 2) {
+			t.Errorf("attempt %d span: hedge=%v won=%v; want both %v", n, hedge, won, n == 2)
+		}
+	}
+	if got := sumInt(t, reader, MetricHedges, []attribute.KeyValue{AttrHedgeWon.Bool(true)}); got != 1 {
+		t.Errorf("hedges won %d, want 1", got)
+	}
+	if got := sumInt(t, reader, MetricAttempts, []attribute.KeyValue{AttrHedge.Bool(true)}); got != 1 {
+		t.Errorf("attempts that were hedges %d, want 1", got)
+	}
+}
+
+func attrMap(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
+	m := map[attribute.Key]attribute.Value{}
+	for _, kv := range kvs {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+// TestHedgeLatencyAwareDelay: once enough latencies are known, the delay
+// is their quantile, never below the configured floor.
+func TestHedgeLatencyAwareDelay(t *testing.T) {
+	srv := startHedgeServer(t)
+	clk := newManualClock()
+	const floor, typical = 2 * time.Millisecond, 7 * time.Millisecond
+	srv.on(1, func(context.Context) (*testgrpc.SimpleResponse, error) {
+		clk.Skip(typical) // every attempt takes 7ms on the manual clock, and no hedge goes
+		return &testgrpc.SimpleResponse{}, nil
+	})
+	p := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 2, Delay: floor, Quantile: 0.95}}
+	ic, err := New(withClock(clk), WithPolicy(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	for i := range policy.HedgeSamples + 1 {
+		if _, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{}); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		<-srv.arrived
+	}
+	armed := clk.Armed()
+	if len(armed) != policy.HedgeSamples+1 {
+		t.Fatalf("%d timers set, want one per call", len(armed))
+	}
+	for i, d := range armed[:policy.HedgeSamples] {
+		if d != floor {
+			t.Errorf("call %d: delay %v, want the floor %v while latencies are few", i+1, d, floor)
+		}
+	}
+	if got := armed[policy.HedgeSamples]; got != typical {
+		t.Errorf("after %d calls of %v: delay %v, want their p95 %v", policy.HedgeSamples, typical, got, typical)
+	}
+}
+
+func TestHedgeFromServiceConfig(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	srv.on(1, failWith(codes.Unavailable, ""))
+	srv.on(2, reply("second"))
+	ic, err := New(withClock(clk), WithServiceConfig(`{"methodConfig": [{"name": [{"service": "grpc.testing.TestService"}],
+	  "hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "1s", "nonFatalStatusCodes": ["UNAVAILABLE"]}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	r, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{})
+	if err != nil || r.GetUsername() != "second" {
+		t.Fatalf("call: %v, %v; want the hedge's reply after the first failed non-fatally", r, err)
+	}
+	if got := clk.Armed(); len(got) == 0 || got[0] != time.Second {
+		t.Errorf("timers set to %v, want the config's 1s first", got)
+	}
+}
+
+// TestHedgedCallAnsweredInTimeAllocates: a hedged call answered before its
+// hedging delay costs at most 3 allocations more than an unhedged one.
+func TestHedgedCallAnsweredInTimeAllocates(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop pooled calls")
+	}
+	count := func(p policy.Policy) float64 {
+		u, cc := alone(t, WithTracerProvider(noopTP()), WithMeterProvider(noopMP()), WithPolicy(p))
+		ctx, reply := context.Background(), &testgrpc.SimpleResponse{}
+		nop := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error { return nil }
+		call := func() {
+			if err := u(ctx, testserver.MethodUnary, nil, reply, cc, nop); err != nil {
+				t.Fatal(err)
+			}
+		}
+		call() // the target's breaker, budgets and the pooled call
+		return testing.AllocsPerRun(200, call)
+	}
+	plain := count(policy.Policy{})
+	hedged := count(policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour}})
+	if hedged > plain+3 {
+		t.Errorf("a hedged call answered in time: %v allocations, an unhedged one %v; want at most 3 more", hedged, plain)
+	}
+}
