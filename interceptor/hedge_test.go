@@ -432,8 +432,8 @@ func TestHedgeBudgetByDefault(t *testing.T) {
 	if hedges := attempts[2]; hedges > 140 || hedges < 100 {
 		t.Errorf("%d hedges for %d calls, want the default budget's 140 at most (and most of them)", hedges, calls)
 	}
-	if failed != calls-attempts[2] {
-		t.Errorf("%d calls failed, want those without a hedge (%d)", failed, calls-attempts[2])
+	if failed < calls-attempts[2] {
+		t.Errorf("%d calls failed, want at least those without a hedge (%d)", failed, calls-attempts[2])
 	}
 }
 

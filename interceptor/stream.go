@@ -75,6 +75,9 @@ type retryStream struct {
 	cancelTimeout context.CancelFunc
 
 	maxAttempts int
+	// hedge is a hedged stream's state until it commits; nil for a stream
+	// that is retried.
+	hedge *streamHedge
 
 	// mu guards the fields below. It is held while the stream decides on a
 	// retry, waits before it, and opens and replays the next attempt, so
@@ -118,6 +121,7 @@ type streamAttempt struct {
 	n        int
 	cs       grpc.ClientStream // nil when the attempt failed to open
 	live     bool              // the call's context was alive when it started
+	started  time.Time
 	cancel   context.CancelCauseFunc
 	timeout  *time.Timer // cancels the attempt at PerAttemptTimeout until commit
 	timedOut atomic.Bool
@@ -162,7 +166,10 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		s.ctx = ctx
 	}
 	s.maxAttempts = p.p.MaxAttempts
-	if noRetry || p.hedged() {
+	if p.hedged() {
+		s.maxAttempts = p.p.Hedging.MaxAttempts
+	}
+	if noRetry {
 		s.maxAttempts = 1
 	}
 	if ic.breakers != nil {
@@ -191,12 +198,27 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	s.bs.method, s.bs.lim = method, ic.limitsFor(cc.Target())
 	s.bs.unsafe = ic.idempotentOnly && !ic.safeToRetry(method)
 	s.ctx = ic.withIdempotencyKey(s.ctx)
-	s.bs.started()
+	if p.hedged() {
+		if s.bs.unsafe {
+			s.maxAttempts = 1 // WithIdempotentOnly: only idempotent methods are hedged
+		}
+		if s.maxAttempts > 1 {
+			s.hedge = s.newHedge()
+		}
+	}
 
 	s.mu.Lock()
-	a, err := s.startLocked()
-	if err != nil {
-		err = s.retryLocked(a, err)
+	if s.hedge != nil {
+		var over bool
+		if over, err = s.hedgeNextLocked(); !over {
+			err = nil
+		}
+	} else {
+		s.bs.started()
+		var a *streamAttempt
+		if a, err = s.startLocked(); err != nil {
+			err = s.retryLocked(a, err)
+		}
 	}
 	if err != nil {
 		s.finishUnlock(err, true)
@@ -224,7 +246,7 @@ func (s *retryStream) contextDone() {
 // during the replay.
 func (s *retryStream) startLocked() (*streamAttempt, error) {
 	s.attempts++
-	a := &streamAttempt{n: s.attempts, live: s.ctx.Err() == nil}
+	a := &streamAttempt{n: s.attempts, live: s.ctx.Err() == nil, started: s.ic.clock.Now()}
 	s.a = a
 	ctx := s.ctx
 	if a.n > 1 {
@@ -442,6 +464,9 @@ func (s *retryStream) bufferLocked(m any) {
 // m itself, and on a replay a message of m's type with the same content.
 func (s *retryStream) SendMsg(m any) error {
 	s.mu.Lock()
+	if s.hedge != nil && !s.committed && !s.finished {
+		return s.hedgeSendLocked(m)
+	}
 	for {
 		a := s.a
 		if s.committed || s.finished {
@@ -523,6 +548,7 @@ func (s *retryStream) sendCommitted(a *streamAttempt, m any) error {
 // RecvMsg receives from the current attempt, retrying the stream on a
 // retryable failure before it commits. The first message commits it.
 func (s *retryStream) RecvMsg(m any) error {
+	s.waitHedged()
 	s.mu.Lock()
 	for {
 		a := s.a
@@ -608,6 +634,7 @@ func (s *retryStream) finalLocked() error {
 // for a stream that ended without any, and RecvMsg reports how it ended.
 // Headers commit the stream.
 func (s *retryStream) Header() (metadata.MD, error) {
+	s.waitHedged()
 	s.mu.Lock()
 	for {
 		a := s.a
@@ -677,6 +704,12 @@ func (s *retryStream) CloseSend() error {
 		return nil
 	}
 	s.closeSent = true
+	if s.hedge != nil && !s.committed {
+		for _, a := range s.hedge.live {
+			_ = a.cs.CloseSend()
+		}
+		return nil
+	}
 	if a := s.a; a.cs != nil {
 		_ = a.cs.CloseSend()
 	}
@@ -697,7 +730,11 @@ func (s *retryStream) Context() context.Context {
 func (s *retryStream) commitNow() *streamAttempt {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.finished {
+	switch {
+	case s.finished:
+	case s.hedge != nil && !s.committed:
+		s.hedgeCommitNowLocked()
+	default:
 		s.commitLocked(false)
 	}
 	return s.a
@@ -722,6 +759,9 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	}
 	s.finished, s.err = true, err
 	a := s.a
+	if s.hedge != nil {
+		s.hedgeEndLocked(a)
+	}
 	s.buf, s.ends, s.bufBytes = nil, nil, 0
 	if s.outcome == "" {
 		switch {
@@ -784,8 +824,16 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		return
 	}
 	a.ended = true
-	s.ic.metering.attempt(s.ctx, s.method, status.Code(err), a.n > 1, false)
+	hedge := s.hedge != nil && a.n > 1
+	won := s.hedge != nil && s.hedge.winner == a.n
+	s.ic.metering.attempt(s.ctx, s.method, status.Code(err), a.n > 1, hedge)
+	if hedge {
+		s.ic.metering.hedge(s.ctx, s.method, won)
+	}
 	if a.span != nil {
+		if won {
+			a.span.SetAttributes(AttrHedgeWon.Bool(true))
+		}
 		st := status.Convert(err)
 		endAttempt(a.span, st.Code(), st.Message())
 	}
@@ -805,6 +853,12 @@ func (s *retryStream) endSpan(err error) {
 	)
 	if s.probe {
 		s.span.SetAttributes(AttrBreakerProbe.Bool(true))
+	}
+	if h := s.hedge; h != nil {
+		s.span.SetAttributes(AttrHedges.Int(s.attempts - 1))
+		if h.winner > 0 {
+			s.span.SetAttributes(AttrHedgeWinner.Int(h.winner))
+		}
 	}
 	attempts, outcome := s.attempts, s.outcome
 	s.mu.Unlock()

@@ -1,0 +1,334 @@
+package interceptor
+
+import (
+	"io"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/budget"
+	"github.com/herdguard/herdguard/latency"
+)
+
+// streamHedge is what a hedged stream (gRFC A6 hedging) keeps until it
+// commits. Until then every attempt in flight gets every message the caller
+// sends, and a new hedge gets the replay buffer first. A goroutine per
+// attempt waits for its response headers: the first attempt to answer wins
+// the stream, which commits to it and cancels the others; the caller's
+// RecvMsg and Header wait for that. An attempt that ends without headers is
+// judged as a hedged unary call's attempt is: a non-fatal failure sends the
+// next hedge at once, a fatal one ends the stream. Once the replay buffer
+// overflows (or the caller calls Context), the stream commits to its oldest
+// attempt in flight, which has every message, and no hedge starts.
+type streamHedge struct {
+	max      int
+	delay    time.Duration
+	window   *latency.Window // nil: a fixed delay
+	ratio    *budget.Ratio
+	throttle *budget.Throttle
+	decided  chan struct{} // closed once the stream commits or ends
+
+	// guarded by the stream's mu
+	live    []*streamAttempt // attempts open and not ended, oldest first
+	sendTo  []*streamAttempt // SendMsg's copy of live
+	timer   timer
+	armed   bool
+	noMore  bool
+	stopped bool   // a pushback said not to hedge again
+	refused string // the budget that refused a hedge
+	last    error  // the last non-fatal failure
+	winner  int    // the number of the attempt the stream committed to
+}
+
+// newHedge makes a hedged stream's state.
+func (s *retryStream) newHedge() *streamHedge {
+	h := &streamHedge{max: s.maxAttempts, decided: make(chan struct{}),
+		window: s.ic.window(s.p, s.method), ratio: s.ic.hedgeBudget(s.cc.Target(), s.bs.lim)}
+	if s.bs.lim != nil {
+		h.throttle = s.bs.lim.throttle
+	}
+	var q time.Duration
+	known := false
+	if h.window != nil {
+		q, known = h.window.Quantile()
+	}
+	h.delay = s.p.p.Hedging.HedgeDelay(q, known)
+	h.ratio.Call()
+	return h
+}
+
+// hedgeNextLocked starts the next attempt (the first goes at once; a hedge
+// needs the throttling and the budget to allow it) and arms the timer for
+// the one after. It returns the stream's final error when no attempt is in
+// flight and none may go any more.
+func (s *retryStream) hedgeNextLocked() (over bool, err error) {
+	h := s.hedge
+	for {
+		if s.committed || s.finished {
+			return false, nil
+		}
+		if h.noMore || s.attempts >= h.max || s.ctx.Err() != nil || s.overflow {
+			return s.hedgeExhaustedLocked()
+		}
+		if s.attempts > 0 {
+			switch {
+			case h.throttle != nil && !h.throttle.Allowed():
+				h.noMore, h.refused = true, "throttling"
+			case !h.ratio.TryRetry():
+				h.noMore, h.refused = true, "ratio"
+			}
+			if h.refused != "" {
+				s.ic.metering.refusal(s.ctx, s.method, h.refused)
+				return s.hedgeExhaustedLocked()
+			}
+		}
+		a, err := s.startLocked()
+		if a.span != nil && a.n > 1 {
+			a.span.SetAttributes(AttrHedge.Bool(true))
+		}
+		if err == nil && s.committed {
+			s.hedgeCommitLocked(a, true, false) // it answered during its replay
+			return false, nil
+		}
+		if err == nil {
+			h.live = append(h.live, a)
+			go s.watchHedge(a)
+			s.hedgeArmLocked(h.delay)
+			return false, nil
+		}
+		// It could not open, or broke during its replay, without an answer.
+		over, ferr, now := s.hedgeFailedLocked(a, err)
+		if over || !now {
+			return over, ferr // ended, or waiting for a pushback's delay
+		}
+	}
+}
+
+// hedgeExhaustedLocked ends the stream if no attempt is in flight; its error
+// is the last failure's.
+func (s *retryStream) hedgeExhaustedLocked() (over bool, err error) {
+	h := s.hedge
+	h.noMore = true
+	if len(h.live) > 0 {
+		return false, nil
+	}
+	outcome := OutcomeExhausted
+	switch {
+	case s.ctx.Err() != nil:
+		s.outcome = contextOutcome(s.ctx.Err())
+		return true, status.FromContextError(s.ctx.Err()).Err()
+	case h.last == nil: // cannot happen: the first attempt always goes
+		return true, status.Error(codes.Internal, "herdguard: a hedged stream sent no attempt")
+	case h.stopped:
+		outcome = OutcomePushbackStop
+	case h.refused != "":
+		outcome = OutcomeBudgetExhausted
+	}
+	s.outcome = outcome
+	return true, &RetryError{Attempts: s.attempts, Outcome: outcome, Err: h.last}
+}
+
+// watchHedge waits for attempt a's answer or end, and judges it.
+func (s *retryStream) watchHedge(a *streamAttempt) {
+	md, _ := a.cs.Header()
+	var end error
+	if md == nil {
+		end, _ = a.learnEnd()
+	}
+	s.mu.Lock()
+	if s.committed || s.finished || !slices.Contains(s.hedge.live, a) {
+		s.mu.Unlock()
+		return
+	}
+	s.hedge.live = slices.DeleteFunc(s.hedge.live, func(o *streamAttempt) bool { return o == a })
+	if md != nil || end == io.EOF {
+		if s.hedge.window != nil {
+			s.hedge.window.Record(s.ic.clock.Now().Sub(a.started))
+		}
+		s.hedgeCommitLocked(a, true, false)
+		s.mu.Unlock()
+		return
+	}
+	over, err, now := s.hedgeFailedLocked(a, end)
+	if !over && now {
+		over, err = s.hedgeNextLocked()
+	}
+	if over {
+		s.finishUnlock(err, true)
+		return
+	}
+	s.mu.Unlock()
+}
+
+// hedgeFailedLocked judges attempt a, which ended with err before any
+// answer: a fatal failure ends the stream; after a non-fatal one the next
+// hedge goes at once (now), or after the server's pushback. It returns the
+// stream's final error when the stream is over.
+func (s *retryStream) hedgeFailedLocked(a *streamAttempt, err error) (over bool, ferr error, now bool) {
+	h := s.hedge
+	trailer := a.trailerIfOpen()
+	s.endAttemptLocked(a, err)
+	a.release()
+	code := status.Code(err)
+	nonFatal := s.p.nonFatalCode(code) && !a.clientErr && !clientSide(err) && s.ctx.Err() == nil
+	wait, ok, present := pushback(trailer)
+	if (nonFatal || present && !ok) && h.throttle != nil {
+		h.throttle.Failure() // gRFC A6: counts as a failure for throttling
+	}
+	if present && !ok {
+		h.noMore, h.stopped = true, true
+	}
+	if !nonFatal {
+		// A fatal answer ends the stream: it becomes the current attempt,
+		// whose error RecvMsg reports.
+		s.a = a
+		s.outcome = OutcomeNotRetryable
+		if s.ctx.Err() != nil {
+			s.outcome = contextOutcome(s.ctx.Err())
+		}
+		s.hedgeEndLocked(a)
+		return true, err, false
+	}
+	h.last = err
+	if present && ok {
+		if len(h.live) == 0 && s.deadlineBefore(wait) {
+			s.outcome = OutcomeDeadline
+			return true, &RetryError{Attempts: s.attempts, Outcome: OutcomeDeadline, Err: err}, false
+		}
+		s.hedgeArmLocked(wait)
+		return false, nil, false
+	}
+	s.hedgeStopTimerLocked() // the next hedge goes now; the one after at the delay
+	return false, nil, true
+}
+
+// trailerIfOpen returns the trailer of an attempt that opened.
+func (a *streamAttempt) trailerIfOpen() metadata.MD {
+	if a.cs == nil {
+		return nil
+	}
+	return a.cs.Trailer()
+}
+
+// deadlineBefore reports whether the stream's deadline comes before d from now.
+func (s *retryStream) deadlineBefore(d time.Duration) bool {
+	deadline, ok := s.ctx.Deadline()
+	return ok && s.ic.clock.Now().Add(d).After(deadline)
+}
+
+// hedgeCommitLocked commits the stream to attempt a and ends every other;
+// answered says a's server answered (the breaker hears a success), and
+// overflow that the buffer did.
+func (s *retryStream) hedgeCommitLocked(a *streamAttempt, answered, overflow bool) {
+	s.a = a
+	s.hedge.winner = a.n
+	if answered {
+		s.answeredLocked()
+	} else {
+		s.commitLocked(overflow)
+	}
+	s.hedgeEndLocked(a)
+}
+
+// hedgeEndLocked ends hedging: the timer stops, every attempt but keep is
+// released, and the caller's waiting RecvMsg or Header goes on.
+func (s *retryStream) hedgeEndLocked(keep *streamAttempt) {
+	h := s.hedge
+	h.noMore = true
+	s.hedgeStopTimerLocked()
+	for _, o := range h.live {
+		if o != keep {
+			s.endAttemptLocked(o, status.Error(codes.Canceled, "herdguard: another attempt answered first"))
+			o.release()
+		}
+	}
+	h.live = nil
+	select {
+	case <-h.decided:
+	default:
+		close(h.decided)
+	}
+}
+
+// hedgeArmLocked sets the timer to start the next hedge after d.
+func (s *retryStream) hedgeArmLocked(d time.Duration) {
+	h := s.hedge
+	if h.noMore || s.attempts >= h.max {
+		return
+	}
+	h.armed = true
+	if h.timer == nil {
+		h.timer = s.ic.clock.AfterFunc(d, s.hedgeTimer)
+		return
+	}
+	h.timer.Reset(d)
+}
+
+func (s *retryStream) hedgeStopTimerLocked() {
+	if h := s.hedge; h.timer != nil {
+		h.timer.Stop()
+		h.armed = false
+	}
+}
+
+// hedgeTimer is the timer's callback: the hedging delay passed.
+func (s *retryStream) hedgeTimer() {
+	s.mu.Lock()
+	s.hedge.armed = false
+	if over, err := s.hedgeNextLocked(); over {
+		s.finishUnlock(err, true)
+		return
+	}
+	s.mu.Unlock()
+}
+
+// hedgeSendLocked sends m to every attempt in flight, after keeping it for
+// the hedges to come; if it does not fit the buffer, the stream commits to
+// its oldest attempt in flight first, and m goes there alone.
+func (s *retryStream) hedgeSendLocked(m any) error {
+	h := s.hedge
+	s.bufferLocked(m)
+	if s.committed { // the buffer overflowed
+		if len(h.live) > 0 {
+			s.hedgeCommitLocked(h.live[0], false, true)
+		} else {
+			s.hedgeEndLocked(nil) // all have failed: the last one's end is the stream's
+		}
+		s.mu.Unlock()
+		return s.sendCommitted(s.a, m)
+	}
+	s.sent++
+	h.sendTo = append(h.sendTo[:0], h.live...)
+	to := h.sendTo
+	s.mu.Unlock()
+	for _, a := range to {
+		// io.EOF: the attempt is over, and its watcher judges it.
+		if err := a.cs.SendMsg(m); err != nil && err != io.EOF {
+			s.mu.Lock()
+			a.clientErr = true
+			s.hedgeEndLocked(a)
+			s.a = a
+			s.finishUnlock(err, true)
+			return err
+		}
+	}
+	return nil
+}
+
+// hedgeCommitNowLocked commits a hedged stream that has not answered yet to
+// its oldest attempt in flight (Context, Trailer).
+func (s *retryStream) hedgeCommitNowLocked() {
+	if h := s.hedge; len(h.live) > 0 {
+		s.hedgeCommitLocked(h.live[0], false, false)
+	}
+}
+
+// waitHedged waits, before commit, until a hedged stream commits or ends.
+func (s *retryStream) waitHedged() {
+	if h := s.hedge; h != nil {
+		<-h.decided
+	}
+}

@@ -1,0 +1,383 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/policy"
+)
+
+// streamScript plays a stream handler per attempt: the test says what each
+// attempt does; arrivals are announced, and how each attempt's context
+// ended is kept.
+type streamScript struct {
+	arrived chan int
+	mu      sync.Mutex
+	do      map[int]func(ss grpc.ServerStream) error
+	read    map[int][]string // what a client-stream or bidi attempt read
+	ended   map[int]error
+}
+
+func newStreamScript() *streamScript {
+	return &streamScript{arrived: make(chan int, 16), do: map[int]func(grpc.ServerStream) error{},
+		read: map[int][]string{}, ended: map[int]error{}}
+}
+
+func (s *streamScript) on(n int, f func(ss grpc.ServerStream) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.do[n] = f
+}
+
+func (s *streamScript) serve(ss grpc.ServerStream) error {
+	n := attemptOf(ss.Context())
+	s.mu.Lock()
+	f := s.do[n]
+	s.mu.Unlock()
+	s.arrived <- n
+	if f == nil {
+		<-ss.Context().Done() // hang until cancelled
+		s.mu.Lock()
+		s.ended[n] = ss.Context().Err()
+		s.mu.Unlock()
+		return ss.Context().Err()
+	}
+	return f(ss)
+}
+
+func (s *streamScript) wait(t *testing.T, want int) {
+	t.Helper()
+	select {
+	case n := <-s.arrived:
+		if n != want {
+			t.Fatalf("attempt %d arrived, want %d", n, want)
+		}
+	case <-time.After(callTimeout):
+		t.Fatalf("attempt %d never arrived", want)
+	}
+}
+
+func (s *streamScript) none(t *testing.T) {
+	t.Helper()
+	select {
+	case n := <-s.arrived:
+		t.Fatalf("attempt %d arrived, want none", n)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+func (s *streamScript) endedWith(t *testing.T, n int) error {
+	t.Helper()
+	deadline := time.Now().Add(callTimeout)
+	for time.Now().Before(deadline) {
+		s.mu.Lock()
+		err, ok := s.ended[n]
+		s.mu.Unlock()
+		if ok {
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("attempt %d never ended", n)
+	return nil
+}
+
+// readAll reads a client stream or bidi to its end, keeping the bodies.
+func (s *streamScript) readAll(ss grpc.ServerStream, n int, m func() interface{ GetPayload() *testgrpc.Payload }) error {
+	for {
+		msg := m()
+		if err := ss.RecvMsg(msg); err == io.EOF {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.read[n] = append(s.read[n], string(msg.GetPayload().GetBody()))
+		s.mu.Unlock()
+	}
+}
+
+func (s *streamScript) readOf(n int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.read[n])
+}
+
+func sendWords(words ...string) func(ss grpc.ServerStream) error {
+	return func(ss grpc.ServerStream) error {
+		for _, w := range words {
+			if err := ss.SendMsg(&testgrpc.StreamingOutputCallResponse{Payload: payload(w)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func startStreamScript(t *testing.T, sc *streamScript) *testserver.Server {
+	return testserver.Start(t, &testserver.Server{
+		ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+			return sc.serve(ss)
+		},
+		ClientStream: func(ss testgrpc.TestService_StreamingInputCallServer) error { return sc.serve(ss) },
+		Bidi:         func(ss testgrpc.TestService_FullDuplexCallServer) error { return sc.serve(ss) },
+	})
+}
+
+func hedgedStreamClient(t *testing.T, srv *testserver.Server, clk *manualClock, p policy.Policy, opts ...Option) testgrpc.TestServiceClient {
+	t.Helper()
+	ic, err := New(append([]Option{withClock(clk), WithPolicy(p)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv.Client(t, ic.DialOptions()...)
+}
+
+// TestHedgedServerStream: the first attempt hangs without an answer; after
+// the delay a hedge answers and wins. The caller receives the hedge's
+// messages, each once, and the first attempt is cancelled.
+func TestHedgedServerStream(t *testing.T) {
+	sc := newStreamScript()
+	sc.on(2, sendWords("a", "b", "c"))
+	srv, clk := startStreamScript(t, sc), newManualClock()
+	c := hedgedStreamClient(t, srv, clk, hedging(3))
+	s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.wait(t, 1)
+	got := make(chan []string, 1)
+	go func() { // the caller's Recv waits while no attempt has answered
+		words, err := recvAll(s.Recv)
+		if err != nil {
+			t.Errorf("Recv: %v", err)
+		}
+		got <- words
+	}()
+	sc.none(t)
+	clk.Advance(hedgeDelay)
+	sc.wait(t, 2)
+	if words := <-got; !slices.Equal(words, []string{"a", "b", "c"}) {
+		t.Errorf("received %q, want the hedge's a, b, c once each", words)
+	}
+	if err := sc.endedWith(t, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("the first attempt ended with %v, want cancelled", err)
+	}
+	clk.Advance(time.Hour)
+	sc.none(t) // no hedge after the commit
+}
+
+// TestHedgedClientStreamGetsEveryMessage: messages sent before a hedge are
+// replayed to it; those sent after go to every attempt in flight; the
+// winner read them all once, in order.
+func TestHedgedClientStreamGetsEveryMessage(t *testing.T) {
+	sc := newStreamScript()
+	words := []string{"one", "two", "three", "four"}
+	for n := 1; n <= 2; n++ {
+		sc.on(n, func(ss grpc.ServerStream) error {
+			if err := sc.readAll(ss, n, func() interface{ GetPayload() *testgrpc.Payload } { return new(testgrpc.StreamingInputCallRequest) }); err != nil {
+				return err
+			}
+			if n == 1 {
+				<-ss.Context().Done() // the first never answers
+				return ss.Context().Err()
+			}
+			return ss.SendMsg(&testgrpc.StreamingInputCallResponse{AggregatedPayloadSize: int32(len(sc.readOf(n)))})
+		})
+	}
+	srv, clk := startStreamScript(t, sc), newManualClock()
+	c := hedgedStreamClient(t, srv, clk, hedging(2))
+	s, err := c.StreamingInputCall(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.wait(t, 1)
+	for _, w := range words[:2] {
+		if err := s.Send(&testgrpc.StreamingInputCallRequest{Payload: payload(w)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Advance(hedgeDelay)
+	sc.wait(t, 2)
+	for _, w := range words[2:] {
+		if err := s.Send(&testgrpc.StreamingInputCallRequest{Payload: payload(w)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := s.CloseAndRecv()
+	if err != nil || resp.GetAggregatedPayloadSize() != 4 {
+		t.Fatalf("CloseAndRecv = %v, %v; want the hedge's answer of 4 messages", resp, err)
+	}
+	if got := sc.readOf(2); !slices.Equal(got, words) {
+		t.Errorf("the hedge read %q, want %q once each, in order", got, words)
+	}
+	// the first attempt was cancelled once the hedge answered: what it had
+	// read by then came in order, each once
+	if got := sc.readOf(1); len(got) > len(words) || !slices.Equal(got, words[:len(got)]) {
+		t.Errorf("the first attempt read %q, want a prefix of %q", got, words)
+	}
+}
+
+func TestHedgedStreamNonFatalAndFatal(t *testing.T) {
+	t.Run("non-fatal sends the next at once", func(t *testing.T) {
+		sc := newStreamScript()
+		sc.on(1, func(grpc.ServerStream) error { return status.Error(codes.Unavailable, "down") })
+		sc.on(2, sendWords("x"))
+		srv, clk := startStreamScript(t, sc), newManualClock()
+		c := hedgedStreamClient(t, srv, clk, hedging(3, codes.Unavailable))
+		s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc.wait(t, 1)
+		sc.wait(t, 2) // the clock never moved
+		if words, err := recvAll(s.Recv); err != nil || !slices.Equal(words, []string{"x"}) {
+			t.Errorf("received %q, %v; want x", words, err)
+		}
+	})
+	t.Run("fatal ends the stream", func(t *testing.T) {
+		sc := newStreamScript()
+		sc.on(2, func(grpc.ServerStream) error { return status.Error(codes.PermissionDenied, "no") })
+		srv, clk := startStreamScript(t, sc), newManualClock()
+		c := hedgedStreamClient(t, srv, clk, hedging(3, codes.Unavailable))
+		s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc.wait(t, 1)
+		clk.Advance(hedgeDelay)
+		sc.wait(t, 2)
+		_, err = s.Recv()
+		var re *RetryError
+		if status.Code(err) != codes.PermissionDenied || errors.As(err, &re) {
+			t.Errorf("Recv: %v; want the hedge's PermissionDenied as it is", err)
+		}
+		if err := sc.endedWith(t, 1); !errors.Is(err, context.Canceled) {
+			t.Errorf("the first attempt ended with %v, want cancelled", err)
+		}
+		clk.Advance(time.Hour)
+		sc.none(t)
+	})
+	t.Run("all non-fatal", func(t *testing.T) {
+		sc := newStreamScript()
+		for n := 1; n <= 3; n++ {
+			sc.on(n, func(grpc.ServerStream) error { return status.Error(codes.Unavailable, fmt.Sprint("down ", n)) })
+		}
+		srv, clk := startStreamScript(t, sc), newManualClock()
+		c := hedgedStreamClient(t, srv, clk, hedging(3, codes.Unavailable))
+		s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		var re *RetryError
+		if !errors.As(err, &re) || re.Outcome != OutcomeExhausted || re.Attempts != 3 || status.Code(err) != codes.Unavailable {
+			t.Errorf("got %v; want an exhausted RetryError after 3 attempts", err)
+		}
+	})
+}
+
+// TestHedgedStreamOverflowCommitsToTheOldest: once the replay buffer
+// overflows, the stream commits to its oldest attempt in flight, the
+// others are cancelled, and no hedge starts.
+func TestHedgedStreamOverflowCommitsToTheOldest(t *testing.T) {
+	sc := newStreamScript()
+	for n := 1; n <= 2; n++ {
+		sc.on(n, func(ss grpc.ServerStream) error {
+			if err := sc.readAll(ss, n, func() interface{ GetPayload() *testgrpc.Payload } { return new(testgrpc.StreamingOutputCallRequest) }); err != nil {
+				return err
+			}
+			return ss.SendMsg(&testgrpc.StreamingOutputCallResponse{Payload: payload(fmt.Sprint("from ", n))})
+		})
+	}
+	srv, clk := startStreamScript(t, sc), newManualClock()
+	c := hedgedStreamClient(t, srv, clk, hedging(3), WithStreamBuffer(16))
+	s, err := c.FullDuplexCall(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.wait(t, 1)
+	clk.Advance(hedgeDelay)
+	sc.wait(t, 2)
+	if err := s.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload("small")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload("far too large to keep")}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Hour)
+	sc.none(t) // no third attempt after the overflow
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	words, err := recvAll(s.Recv)
+	if err != nil || !slices.Equal(words, []string{"from 1"}) {
+		t.Errorf("received %q, %v; want the oldest attempt's answer", words, err)
+	}
+	if got := sc.readOf(1); !slices.Equal(got, []string{"small", "far too large to keep"}) {
+		t.Errorf("the oldest attempt read %q, want both messages", got)
+	}
+}
+
+// TestHedgedStreamHeader: Header waits for the winner and returns its
+// headers.
+func TestHedgedStreamHeader(t *testing.T) {
+	sc := newStreamScript()
+	sc.on(2, func(ss grpc.ServerStream) error {
+		if err := ss.SendHeader(metadata.Pairs("who", "hedge")); err != nil {
+			return err
+		}
+		return sendWords("h")(ss)
+	})
+	srv, clk := startStreamScript(t, sc), newManualClock()
+	c := hedgedStreamClient(t, srv, clk, hedging(2))
+	s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.wait(t, 1)
+	clk.Advance(hedgeDelay)
+	md, err := s.Header()
+	if err != nil || !slices.Equal(md.Get("who"), []string{"hedge"}) {
+		t.Fatalf("Header = %v, %v; want the hedge's", md, err)
+	}
+	if words, err := recvAll(s.Recv); err != nil || !slices.Equal(words, []string{"h"}) {
+		t.Errorf("received %q, %v", words, err)
+	}
+}
+
+// TestHedgedStreamCallerCancel: a cancelled caller ends every attempt.
+func TestHedgedStreamCallerCancel(t *testing.T) {
+	sc := newStreamScript()
+	srv, clk := startStreamScript(t, sc), newManualClock()
+	c := hedgedStreamClient(t, srv, clk, hedging(3))
+	ctx, cancel := context.WithCancel(ctxT(t))
+	s, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.wait(t, 1)
+	clk.Advance(hedgeDelay)
+	sc.wait(t, 2)
+	cancel()
+	if _, err := s.Recv(); status.Code(err) != codes.Canceled {
+		t.Errorf("Recv: %v, want Canceled", err)
+	}
+	for n := 1; n <= 2; n++ {
+		if err := sc.endedWith(t, n); !errors.Is(err, context.Canceled) {
+			t.Errorf("attempt %d ended with %v, want cancelled", n, err)
+		}
+	}
+}
