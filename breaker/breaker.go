@@ -182,6 +182,17 @@ func (b *Breaker) LastState() State { return State(b.state.Load()) }
 // breaker (see [Breaker]).
 func (b *Breaker) Counts() gobreaker.Counts { return b.cb.Counts() }
 
+// Calm reports whether the breaker is closed with no failed call on its run
+// of consecutive failures: the server shows no sign of failing. Hedging
+// asks it before each hedge, so that under overload, which shows as
+// failures, hedging stops by itself. It may take gobreaker's lock.
+func (b *Breaker) Calm() bool {
+	if State(b.state.Load()) != Closed {
+		return false
+	}
+	return b.quiet() || b.cb.Counts().ConsecutiveFailures == 0
+}
+
 // quiet reports whether the breaker is closed with no failure on its run,
 // so that a call may skip gobreaker unless it fails.
 func (b *Breaker) quiet() bool {

@@ -425,3 +425,26 @@ func TestAllowStartsNoGoroutine(t *testing.T) {
 		done(herdguard.Success)
 	}
 }
+
+func TestCalm(t *testing.T) {
+	for _, s := range []breaker.Settings{{ConsecutiveFailures: 3}, {ConsecutiveFailures: 3, FailureRatio: 0.9}} {
+		b := newBreaker(t, s)
+		if !b.Calm() {
+			t.Errorf("%+v: a new breaker is not calm", s)
+		}
+		run(t, b, herdguard.Failure)
+		if b.Calm() {
+			t.Errorf("%+v: calm with a failure on its run", s)
+		}
+		run(t, b, herdguard.Success)
+		if !b.Calm() {
+			t.Errorf("%+v: not calm after a success ended the run", s)
+		}
+		for range 3 {
+			run(t, b, herdguard.Failure)
+		}
+		if b.State() != breaker.Open || b.Calm() {
+			t.Errorf("%+v: %v and calm=%v after 3 failures, want open and not calm", s, b.State(), b.Calm())
+		}
+	}
+}
