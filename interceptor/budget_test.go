@@ -244,6 +244,7 @@ func TestNewRejectsBadBudgets(t *testing.T) {
 	for _, o := range []Option{
 		WithRetryThrottling(policy.Throttling{MaxTokens: 0, TokenRatio: 1}),
 		WithRetryBudget(policy.Budget{Ratio: -1}),
+		WithHedgeBudget(policy.Budget{Window: time.Millisecond}),
 	} {
 		if _, err := New(o); err == nil {
 			t.Errorf("New accepted a bad budget")

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/herdguard/herdguard/budget"
 	"github.com/herdguard/herdguard/latency"
@@ -36,13 +37,24 @@ type hedgeCall struct {
 	ctx      context.Context
 	max      int
 	delay    time.Duration
-	window   *latency.Window // nil: a fixed delay
-	ratio    *budget.Ratio
+	window   *latency.Window  // nil: a fixed delay
+	hedges   *budget.Ratio    // the target's hedge budget, earned by successes
+	ratio    *budget.Ratio    // nil: no WithRetryBudget
 	throttle *budget.Throttle // nil: no throttling
-	done     chan struct{}    // one value once the call is decided
-	fire     func()           // h.onTimer, made once
-	first    hedgeAttempt     // the first attempt
-	inline   [4]*hedgeAttempt // attempts' first backing array
+	// catch is true when attempts catch their header and trailer: only a
+	// non-fatal code, or throttling, makes them matter, and gRPC copies
+	// what is caught.
+	catch bool
+	// replyType (for a protobuf reply) or replyElem is the type of the
+	// caller's reply, for hedges' replies. They are read before the first
+	// attempt starts writing into the caller's reply, which must not be read
+	// after.
+	replyType protoreflect.MessageType
+	replyElem reflect.Type
+	done      chan struct{}    // one value once the call is decided
+	fire      func()           // h.onTimer, made once
+	first     hedgeAttempt     // the first attempt
+	inline    [4]*hedgeAttempt // attempts' first backing array
 	// wg counts the hedges' goroutines and the timer's pending or running
 	// callbacks, so that none outlives the call.
 	wg sync.WaitGroup
@@ -53,7 +65,7 @@ type hedgeCall struct {
 	outstanding int
 	timer       timer
 	noMore      bool          // no further hedge may go
-	refused     string        // the budget that refused a hedge: "throttling" or "ratio"
+	refused     string        // what refused a hedge: "breaker", "throttling", "hedge_budget" or "ratio"
 	stopped     bool          // a pushback said not to hedge again
 	decided     bool          //
 	winner      *hedgeAttempt // the attempt that decided the call; nil if all failed
@@ -87,10 +99,17 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 	h := c.ic.hedgeCalls.Get().(*hedgeCall)
 	defer h.release(c.ic)
 	h.c, h.ctx, h.max = *c, ctx, maxAttempts
-	h.window, h.ratio = c.ic.window(c.p, c.method), c.ic.hedgeBudget(c.cc.Target(), c.lim)
+	h.window, h.hedges = c.ic.window(c.p, c.method), c.ic.hedgeBudget(c.cc.Target())
 	h.attempts = h.inline[:0]
+	h.ratio, h.throttle = nil, nil
 	if c.lim != nil {
-		h.throttle = c.lim.throttle
+		h.ratio, h.throttle = c.lim.ratio, c.lim.throttle
+	}
+	h.catch = c.p.nonFatal != 0 || h.throttle != nil
+	if m, ok := c.reply.(proto.Message); ok {
+		h.replyType = m.ProtoReflect().Type()
+	} else {
+		h.replyElem = reflect.TypeOf(c.reply).Elem()
 	}
 	var q time.Duration
 	known := false
@@ -98,7 +117,9 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 		q, known = h.window.Quantile()
 	}
 	h.delay = c.p.p.Hedging.HedgeDelay(q, known)
-	h.ratio.Call()
+	if h.ratio != nil {
+		h.ratio.Call()
+	}
 
 	h.mu.Lock()
 	first := h.newAttemptLocked(1)
@@ -149,18 +170,28 @@ func (h *hedgeCall) newAttemptLocked(n int) *hedgeAttempt {
 	c := &h.c
 	var a *hedgeAttempt
 	ctx := h.ctx
+	callerOpts := c.buf.opts[:len(c.buf.opts)-catchers]
 	if n == 1 {
 		h.first = hedgeAttempt{n: 1}
 		a = &h.first
-		a.reply, a.opts = c.reply, c.buf.opts
+		a.reply, a.opts = c.reply, callerOpts
+		if h.catch {
+			a.opts = c.buf.opts
+		}
 		a.header, a.trailer = &c.buf.header, &c.buf.trailer
 	} else {
 		a = &hedgeAttempt{n: n}
 		ctx = h.numbers.context(ctx, n, h.max)
-		a.reply = newReplyLike(c.reply)
-		callerOpts := c.buf.opts[:len(c.buf.opts)-catchers]
-		a.opts = append(callerOpts[:len(callerOpts):len(callerOpts)],
-			grpc.Header(&a.own.header), grpc.Trailer(&a.own.trailer))
+		if h.replyType != nil {
+			a.reply = h.replyType.New().Interface()
+		} else {
+			a.reply = reflect.New(h.replyElem).Interface()
+		}
+		a.opts = callerOpts
+		if h.catch {
+			a.opts = append(callerOpts[:len(callerOpts):len(callerOpts)],
+				grpc.Header(&a.own.header), grpc.Trailer(&a.own.trailer))
+		}
 		a.header, a.trailer = &a.own.header, &a.own.trailer
 	}
 	a.ctx, a.cancel = context.WithCancel(ctx)
@@ -215,6 +246,7 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 // judgeLocked decides the call on attempt a's end, or goes on hedging.
 func (h *hedgeCall) judgeLocked(a *hedgeAttempt, err error) {
 	if err == nil {
+		h.hedges.Call() // an answer earns hedges
 		h.decideLocked(a, nil, OutcomeOK)
 		return
 	}
@@ -297,10 +329,16 @@ func (h *hedgeCall) hedgeLocked() {
 		return
 	}
 	switch {
+	case h.c.breaker != nil && !h.c.breaker.Calm():
+		h.refuseLocked("breaker") // the server shows failures: no more load
+		return
 	case h.throttle != nil && !h.throttle.Allowed():
 		h.refuseLocked("throttling")
 		return
-	case !h.ratio.TryRetry():
+	case !h.hedges.TryRetry():
+		h.refuseLocked("hedge_budget")
+		return
+	case h.ratio != nil && !h.ratio.TryRetry():
 		h.refuseLocked("ratio")
 		return
 	}
@@ -314,8 +352,9 @@ func (h *hedgeCall) hedgeLocked() {
 	h.armLocked(h.delay)
 }
 
-// refuseLocked stops hedging because a budget refused a hedge, and counts
-// the refusal. A call whose attempts have all failed then ends.
+// refuseLocked stops hedging because the breaker, the throttling or the
+// budget refused a hedge, and counts the refusal. A call whose attempts have
+// all failed then ends.
 func (h *hedgeCall) refuseLocked(kind string) {
 	h.noMore, h.refused = true, kind
 	h.c.ic.metering.refusal(h.ctx, h.c.method, kind)
@@ -368,15 +407,6 @@ func (h *hedgeCall) release(ic *Interceptor) {
 	clear(h.inline[:])
 	*h = hedgeCall{done: h.done, fire: h.fire, timer: h.timer}
 	ic.hedgeCalls.Put(h)
-}
-
-// newReplyLike returns a new, empty reply of the type of reply, for a hedge
-// to decode into.
-func newReplyLike(reply any) any {
-	if m, ok := reply.(proto.Message); ok {
-		return m.ProtoReflect().New().Interface()
-	}
-	return reflect.New(reflect.TypeOf(reply).Elem()).Interface()
 }
 
 // copyReply makes dst, the caller's reply, hold the winning hedge's src.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -391,19 +392,13 @@ func TestHedgeNeedsAThrottlingToken(t *testing.T) {
 	_ = ic
 }
 
-// TestHedgeBudgetByDefault: with no budget asked for, hedges still pass a
-// ratio budget (20 % of calls plus 10 a second): a server that is slow for
-// every call gets far fewer hedges than calls.
-func TestHedgeBudgetByDefault(t *testing.T) {
-	var mu sync.Mutex
-	attempts := map[int]int{}
-	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-		n := attemptOf(ctx)
-		mu.Lock()
-		attempts[n]++
-		mu.Unlock()
-		if n == 1 {
-			<-ctx.Done() // every first attempt hangs until the hedge wins
+// TestHedgeBudgetIsEarnedByAnswers: by default, hedges to a target are at
+// most a tenth of its hedged calls that succeeded, plus 10 in 10s: a server
+// whose first attempts all hang gets only what earlier answers paid for.
+func TestHedgeBudgetIsEarnedByAnswers(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, req *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+		if attemptOf(ctx) == 1 && req.GetFillUsername() {
+			<-ctx.Done() // a first attempt that hangs until the hedge wins
 			return nil, ctx.Err()
 		}
 		return &testgrpc.SimpleResponse{}, nil
@@ -413,27 +408,43 @@ func TestHedgeBudgetByDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := srv.Client(t, ic.DialOptions()...)
-	const (
-		calls = 200
-		wait  = 25 * time.Millisecond // a call without a hedge ends by it
-	)
-	failed := 0
-	for range calls {
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
-		if _, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
-			failed++
+	var hedges atomic.Int64 // hedges sent, as the next interceptor sees them
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		md, _ := metadata.FromOutgoingContext(ctx)
+		if v := md.Get(AttemptMetadataKey); len(v) == 1 && v[0] != "1" {
+			hedges.Add(1)
 		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	c := srv.Client(t, append(ic.DialOptions(), grpc.WithChainUnaryInterceptor(count))...)
+	const (
+		answered = 100                   // calls whose first attempt answers
+		hanging  = 200                   // then calls whose first attempt hangs
+		wait     = 25 * time.Millisecond // a hanging call without a hedge ends by it
+	)
+	succeeded, rescued := 0, 0
+	for i := range answered + hanging {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		_, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{FillUsername: i >= answered})
 		cancel()
+		if err == nil {
+			succeeded++
+			if i >= answered {
+				rescued++
+			}
+		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	// 0.2 × 200 + 10/s × 10s of reserve = 140 hedges at most
-	if hedges := attempts[2]; hedges > 140 || hedges < 100 {
-		t.Errorf("%d hedges for %d calls, want the default budget's 140 at most (and most of them)", hedges, calls)
+	if succeeded < answered {
+		t.Fatalf("%d calls succeeded, want at least the %d that answer at once", succeeded, answered)
 	}
-	if failed < calls-attempts[2] {
-		t.Errorf("%d calls failed, want at least those without a hedge (%d)", failed, calls-attempts[2])
+	// A hedge goes while the hedges sent are fewer than 0.1 × the successes
+	// so far + 1/s × 10s; hanging calls ask for one each until refused.
+	allowed := 10 + 0.1*float64(succeeded)
+	if h := float64(hedges.Load()); h > allowed+1 || h < allowed-2 {
+		t.Errorf("%v hedges for %d successful calls, want the budget's %.1f", h, succeeded, allowed)
+	}
+	if rescued >= hanging/2 {
+		t.Errorf("%d of %d hanging calls rescued by a hedge, want the budget to refuse most", rescued, hanging)
 	}
 }
 
@@ -632,5 +643,59 @@ func TestHedgedCallAnsweredInTimeAllocates(t *testing.T) {
 	hedged := count(policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour}})
 	if hedged > plain+3 {
 		t.Errorf("a hedged call answered in time: %v allocations, an unhedged one %v; want at most 3 more", hedged, plain)
+	}
+}
+
+// TestHedgeFailureAfterHeadersIsFatal: an attempt whose server sent
+// response headers has the call (gRFC A6); its failure ends the call even
+// with a non-fatal code.
+func TestHedgeFailureAfterHeadersIsFatal(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	srv.on(1, func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
+		_ = grpc.SendHeader(ctx, metadata.Pairs("k", "v"))
+		return nil, status.Error(codes.Unavailable, "after headers")
+	})
+	done, _ := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable))
+	srv.waitArrival(t, 1)
+	r := waitResult(t, done)
+	var re *RetryError
+	if status.Code(r.err) != codes.Unavailable || errors.As(r.err, &re) {
+		t.Fatalf("call: %v; want the first attempt's Unavailable as it is", r)
+	}
+	clk.Advance(time.Hour)
+	srv.noArrival(t)
+}
+
+// TestHedgeNotWhileTheServerFails: a hedge adds load, so none goes while
+// the target's breaker has a failed call on its run: under overload, which
+// shows as failures, hedging stops by itself.
+func TestHedgeNotWhileTheServerFails(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	srv.on(1, failWith(codes.Internal, "")) // a failed call: the breaker's run is 1
+	ic, err := New(withClock(clk), WithPolicy(hedging(2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	if _, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{}); status.Code(err) != codes.Internal {
+		t.Fatalf("first call: %v", err)
+	}
+	srv.waitArrival(t, 1)
+	release := make(chan struct{})
+	srv.on(1, func(context.Context) (*testgrpc.SimpleResponse, error) {
+		<-release
+		return &testgrpc.SimpleResponse{Username: "slow"}, nil
+	})
+	done := make(chan result, 1)
+	go func() {
+		r, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{})
+		done <- result{r, err}
+	}()
+	srv.waitArrival(t, 1)
+	clk.Advance(hedgeDelay)
+	srv.noArrival(t) // the breaker is not calm: no hedge
+	close(release)
+	if r := waitResult(t, done); r.err != nil || r.r.GetUsername() != "slow" {
+		t.Fatalf("call: %v; want the first attempt's reply", r)
 	}
 }

@@ -42,11 +42,12 @@ type Interceptor struct {
 	idempotent     cow.Map[string, bool] // method -> safe to retry
 
 	// windows holds the recent attempt latencies of each method hedged with
-	// a latency-aware delay, and hedgeBudgets the default ratio budget of
-	// each target's hedges when no WithRetryBudget is given.
-	windows      cow.Map[windowKey, *latency.Window]
-	hedgeBudgets cow.Map[string, *budget.Ratio]
-	hedgeCalls   sync.Pool // *hedgeCall
+	// a latency-aware delay, and hedgeBudgets the budget of each target's
+	// hedges.
+	windows       cow.Map[windowKey, *latency.Window]
+	hedgeBudgetOf policy.Budget // with its defaults
+	hedgeBudgets  cow.Map[string, *budget.Ratio]
+	hedgeCalls    sync.Pool // *hedgeCall
 }
 
 type windowKey struct {
@@ -113,16 +114,11 @@ func (ic *Interceptor) window(r *resolved, method string) *latency.Window {
 	return ic.windows.Get(windowKey{method, q}, func() *latency.Window { return latency.New(q, policy.HedgeSamples) })
 }
 
-// hedgeBudget returns the ratio budget a target's hedges pass: the one
-// WithRetryBudget set, or else a default one (policy.Budget's defaults: 20 %
-// of the calls started, plus 10 a second), so that hedging never adds more
-// than that to a target's load even when no budget was asked for.
-func (ic *Interceptor) hedgeBudget(target string, lim *limits) *budget.Ratio {
-	if lim != nil && lim.ratio != nil {
-		return lim.ratio
-	}
+// hedgeBudget returns the budget of a target's hedges (WithHedgeBudget),
+// earned by its calls that succeed.
+func (ic *Interceptor) hedgeBudget(target string) *budget.Ratio {
 	return ic.hedgeBudgets.Get(target, func() *budget.Ratio {
-		r, _ := budget.NewRatio(policy.Budget{}, ic.clock.Now) // the defaults are valid
+		r, _ := budget.NewRatio(ic.hedgeBudgetOf, ic.clock.Now) // validated in New
 		return r
 	})
 }
@@ -147,6 +143,8 @@ func New(opts ...Option) (*Interceptor, error) {
 		streamBuffer: c.streamBuffer,
 		throttling:   c.throttling,
 		budget:       c.budget,
+
+		hedgeBudgetOf: c.hedgeBudget.WithHedgeDefaults(),
 
 		idempotencyKey: c.idempotencyKey,
 		idempotentOnly: c.idempotentOnly,

@@ -36,6 +36,7 @@ type config struct {
 	streamBuffer int
 	throttling   *policy.Throttling
 	budget       *policy.Budget
+	hedgeBudget  policy.Budget
 	err          error // the first error an option met while applying
 
 	idempotencyKey string // metadata key; "" = off
@@ -130,6 +131,19 @@ func WithRetryThrottling(t policy.Throttling) Option {
 // its last status (outcome budget_exhausted).
 func WithRetryBudget(b policy.Budget) Option {
 	return optionFunc(func(c *config) { c.budget = &b })
+}
+
+// WithHedgeBudget sets the budget that hedges pass, one per target, shared
+// by the hedged unary calls and streams of this interceptor: a hedge is
+// sent while the hedges of the last Window are fewer than Ratio × the calls
+// to the target that succeeded in it, plus MinPerSecond × Window. Its zero
+// fields mean 0.1, 1 a second and 10s ([policy.Budget.WithHedgeDefaults]).
+// Because only answers earn hedges, a server that stops answering stops
+// receiving them. The budget is always on for hedged calls; a hedge must
+// also pass the retry throttling and the WithRetryBudget budget, if on, and
+// the breaker must be closed with no failure since its last success.
+func WithHedgeBudget(b policy.Budget) Option {
+	return optionFunc(func(c *config) { c.hedgeBudget = b })
 }
 
 // WithServiceConfig takes the retry policies, timeouts and retry throttling
@@ -277,6 +291,9 @@ func (c *config) validate() error {
 		if err := c.budget.Validate(); err != nil {
 			return fmt.Errorf("interceptor: WithRetryBudget: %w", err)
 		}
+	}
+	if err := c.hedgeBudget.Validate(); err != nil {
+		return fmt.Errorf("interceptor: WithHedgeBudget: %w", err)
 	}
 	if k := c.idempotencyKey; k != "" && !validMetadataKey(k) {
 		return fmt.Errorf("interceptor: WithIdempotencyKey(%q): want a lower-case metadata key of letters, digits, '-', '_' and '.', not starting with \"grpc-\" nor ending in \"-bin\"", k)

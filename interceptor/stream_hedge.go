@@ -26,10 +26,11 @@ import (
 type streamHedge struct {
 	max      int
 	delay    time.Duration
-	window   *latency.Window // nil: a fixed delay
-	ratio    *budget.Ratio
-	throttle *budget.Throttle
-	decided  chan struct{} // closed once the stream commits or ends
+	window   *latency.Window  // nil: a fixed delay
+	hedges   *budget.Ratio    // the target's hedge budget, earned by successes
+	ratio    *budget.Ratio    // nil: no WithRetryBudget
+	throttle *budget.Throttle // nil: no throttling
+	decided  chan struct{}    // closed once the stream commits or ends
 
 	// guarded by the stream's mu
 	live    []*streamAttempt // attempts open and not ended, oldest first
@@ -46,9 +47,9 @@ type streamHedge struct {
 // newHedge makes a hedged stream's state.
 func (s *retryStream) newHedge() *streamHedge {
 	h := &streamHedge{max: s.maxAttempts, decided: make(chan struct{}),
-		window: s.ic.window(s.p, s.method), ratio: s.ic.hedgeBudget(s.cc.Target(), s.bs.lim)}
+		window: s.ic.window(s.p, s.method), hedges: s.ic.hedgeBudget(s.cc.Target())}
 	if s.bs.lim != nil {
-		h.throttle = s.bs.lim.throttle
+		h.ratio, h.throttle = s.bs.lim.ratio, s.bs.lim.throttle
 	}
 	var q time.Duration
 	known := false
@@ -56,7 +57,9 @@ func (s *retryStream) newHedge() *streamHedge {
 		q, known = h.window.Quantile()
 	}
 	h.delay = s.p.p.Hedging.HedgeDelay(q, known)
-	h.ratio.Call()
+	if h.ratio != nil {
+		h.ratio.Call()
+	}
 	return h
 }
 
@@ -75,9 +78,13 @@ func (s *retryStream) hedgeNextLocked() (over bool, err error) {
 		}
 		if s.attempts > 0 {
 			switch {
+			case s.breaker != nil && !s.breaker.Calm():
+				h.noMore, h.refused = true, "breaker" // the server shows failures
 			case h.throttle != nil && !h.throttle.Allowed():
 				h.noMore, h.refused = true, "throttling"
-			case !h.ratio.TryRetry():
+			case !h.hedges.TryRetry():
+				h.noMore, h.refused = true, "hedge_budget"
+			case h.ratio != nil && !h.ratio.TryRetry():
 				h.noMore, h.refused = true, "ratio"
 			}
 			if h.refused != "" {
@@ -226,6 +233,7 @@ func (s *retryStream) hedgeCommitLocked(a *streamAttempt, answered, overflow boo
 	s.a = a
 	s.hedge.winner = a.n
 	if answered {
+		s.hedge.hedges.Call() // an answer earns hedges
 		s.answeredLocked()
 	} else {
 		s.commitLocked(overflow)

@@ -71,6 +71,7 @@ type unaryCall struct {
 	// sent, and winner the number of the attempt that answered (0: none).
 	hedged         bool
 	hedges, winner int
+	breaker        *breaker.Breaker // the call's, nil without one
 }
 
 func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -117,6 +118,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		err = c.call(ctx, maxAttempts)
 	} else {
 		b := ic.breakers.Get(cc.Target(), method)
+		c.breaker = b
 		var probe bool
 		before, after, berr := b.Execute(func(isProbe bool) herdguard.Verdict {
 			probe = isProbe

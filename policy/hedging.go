@@ -100,3 +100,26 @@ func (h Hedging) HedgeDelay(quantile time.Duration, known bool) time.Duration {
 	}
 	return d
 }
+
+// Defaults of the budget that hedges pass (see [Budget.WithHedgeDefaults]).
+// A hedge is load the server did not ask for, so its budget is earned by
+// answers: at most a tenth of the calls that succeeded, plus one a second.
+const (
+	DefaultHedgeBudgetRatio        = 0.1
+	DefaultHedgeBudgetMinPerSecond = 1.0
+)
+
+// WithHedgeDefaults returns b as a budget for hedges: a hedge is allowed
+// while the hedges of the last Window are fewer than Ratio × the calls that
+// succeeded in it plus MinPerSecond × Window. Zero fields become
+// DefaultHedgeBudgetRatio, DefaultHedgeBudgetMinPerSecond and
+// DefaultBudgetWindow.
+func (b Budget) WithHedgeDefaults() Budget {
+	if b.Ratio == 0 {
+		b.Ratio = DefaultHedgeBudgetRatio
+	}
+	if b.MinPerSecond == 0 {
+		b.MinPerSecond = DefaultHedgeBudgetMinPerSecond
+	}
+	return b.WithDefaults()
+}

@@ -132,3 +132,15 @@ func TestParseServiceConfigHedgingErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestBudgetWithHedgeDefaults(t *testing.T) {
+	for _, tc := range []struct{ in, want policy.Budget }{
+		{policy.Budget{}, policy.Budget{Ratio: 0.1, MinPerSecond: 1, Window: 10 * time.Second}},
+		{policy.Budget{Ratio: 0.02}, policy.Budget{Ratio: 0.02, MinPerSecond: 1, Window: 10 * time.Second}},
+		{policy.Budget{MinPerSecond: 5, Window: time.Second}, policy.Budget{Ratio: 0.1, MinPerSecond: 5, Window: time.Second}},
+	} {
+		if got := tc.in.WithHedgeDefaults(); got != tc.want {
+			t.Errorf("%+v.WithHedgeDefaults() = %+v, want %+v", tc.in, got, tc.want)
+		}
+	}
+}
