@@ -30,9 +30,9 @@ help: ## Show the targets
 # arrivals in 67 ms windows; other test binaries competing for the cores
 # would spread a herd of calls across windows.
 .PHONY: test
-test: ## Run all tests with the race detector, then the allocation tests without it
+test: ## Run all tests with the race detector, then the allocation and timing tests without it
 	$(GO) test -race -count=1 -p 1 ./...
-	$(GO) test -count=1 -run Alloc ./breaker/ ./budget/ ./interceptor/ ./internal/cow/
+	$(GO) test -count=1 -p 1 -run 'Alloc|Timing' ./breaker/ ./budget/ ./interceptor/ ./internal/cow/ ./internal/stormlab/ ./latency/
 	cd conformance && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd bench && $(GO) vet . && $(GO) test -count=1 .
 

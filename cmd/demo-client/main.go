@@ -44,7 +44,7 @@ func main() {
 	flag.StringVar(&o.addr, "addr", "", "the demo server, host:port on loopback (required)")
 	flag.BoolVar(&o.compare, "compare", false, "run every strategy, one after another, and print one table")
 	flag.StringVar(&o.strategy, "strategy", "herdguard defaults", "the strategy to run without -compare: "+strategyNames())
-	flag.StringVar(&o.scenario, "scenario", "", `"published", "overload", "lost-replies" or "all" (default: all with -compare, else published)`)
+	flag.StringVar(&o.scenario, "scenario", "", `"published", "overload", "lost-replies", "slow" or "all" (default: all with -compare, else published)`)
 	flag.IntVar(&o.calls, "calls", 1000, "calls fired at the same instant")
 	flag.IntVar(&o.attempts, "attempts", 5, "attempts per call, the first included")
 	flag.DurationVar(&o.base, "base", time.Second, "the first wait, at full scale")
@@ -65,7 +65,8 @@ func main() {
 
 func strategyNames() string {
 	var names []string
-	for _, s := range append(stormlab.StrategiesFor(stormlab.Overload()), stormlab.StrategiesFor(stormlab.LostReplies())...) {
+	all := append(stormlab.StrategiesFor(stormlab.Overload()), stormlab.StrategiesFor(stormlab.LostReplies())...)
+	for _, s := range append(all, stormlab.HedgingStrategies()...) {
 		names = append(names, fmt.Sprintf("%q", s.Name))
 	}
 	return strings.Join(names, ", ")
@@ -136,8 +137,14 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 	var svgSections []stormlab.SVGSection
 	for _, sc := range scenarios {
 		scaled := sc.scenario.Scale(o.scale)
-		fmt.Fprintf(out, "\n== %s: %d calls at once, at most %d attempts, first wait %v, windows of %v (scale 1/%g) ==\n\n",
-			sc.scenario.Name, scaled.Calls, scaled.Attempts, scaled.Base, scaled.Faults.Window, o.scale)
+		if scaled.Interval > 0 {
+			f := scaled.Faults
+			fmt.Fprintf(out, "\n== %s: %d calls, one every %v; attempts take %v to %v, 1 in %.0f takes %v (scale 1/%g) ==\n\n",
+				sc.scenario.Name, scaled.Calls, scaled.Interval, f.Latency, f.Latency+f.LatencySpread, 1/f.SlowRate, f.SlowLatency, o.scale)
+		} else {
+			fmt.Fprintf(out, "\n== %s: %d calls at once, at most %d attempts, first wait %v, windows of %v (scale 1/%g) ==\n\n",
+				sc.scenario.Name, scaled.Calls, scaled.Attempts, scaled.Base, scaled.Faults.Window, o.scale)
+		}
 		var results []stormlab.Result
 		for _, st := range sc.strategies {
 			if rec != nil {
@@ -210,10 +217,12 @@ func pickScenarios(o options) ([]plannedScenario, error) {
 		scs = []stormlab.Scenario{stormlab.Overload()}
 	case "lost-replies":
 		scs = []stormlab.Scenario{stormlab.LostReplies()}
+	case "slow":
+		scs = []stormlab.Scenario{stormlab.SlowAttempts()}
 	case "all":
-		scs = []stormlab.Scenario{stormlab.Published(), stormlab.Overload(), stormlab.LostReplies()}
+		scs = []stormlab.Scenario{stormlab.Published(), stormlab.Overload(), stormlab.LostReplies(), stormlab.SlowAttempts()}
 	default:
-		return nil, fmt.Errorf(`-scenario %q: want "published", "overload", "lost-replies" or "all"`, which)
+		return nil, fmt.Errorf(`-scenario %q: want "published", "overload", "lost-replies", "slow" or "all"`, which)
 	}
 	var out []plannedScenario
 	for _, sc := range scs {

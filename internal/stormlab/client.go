@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,10 +24,13 @@ import (
 // faults, all durations at full scale.
 type Scenario struct {
 	Name     string
-	Calls    int           // calls fired at the same instant
+	Calls    int           // calls fired at the same instant, or paced
 	Attempts int           // attempts per call, the first included
 	Base     time.Duration // the first wait
 	Cap      time.Duration // the longest wait
+	// Interval, if above 0, paces the calls: one starts every Interval (an
+	// open loop, whatever the earlier ones do) instead of all at once.
+	Interval time.Duration
 	Faults   Faults
 }
 
@@ -51,6 +56,29 @@ func Overload() Scenario {
 		Name: "load-dependent overload", Calls: 1000, Attempts: 5,
 		Base: time.Second, Cap: time.Minute,
 		Faults: Faults{Capacity: 80, CapacityWindow: DefaultWindow, RecoverAfter: time.Second, Seed: 1, Window: DefaultWindow},
+	}
+}
+
+// SlowAttempts is the tail-latency experiment: calls start one every
+// millisecond; each attempt independently takes its normal 1 to 4 ms, but
+// 1 in 100 takes 1 s (a slow replica or a pause). Nothing fails.
+func SlowAttempts() Scenario {
+	return Scenario{
+		Name: "slow attempts", Calls: 5000, Attempts: 1, Interval: time.Millisecond,
+		Faults: Faults{Latency: time.Millisecond, LatencySpread: 3 * time.Millisecond,
+			SlowRate: 0.01, SlowLatency: time.Second, Seed: 1, Window: DefaultWindow},
+	}
+}
+
+// HedgingStrategies are those compared in SlowAttempts: no hedging, a
+// fixed hedging delay as gRFC A6 has it, and herdguard's latency-aware one
+// (the method's p95, never below the default 10ms floor), each with 2
+// attempts at most.
+func HedgingStrategies() []Strategy {
+	return []Strategy{
+		{Name: "no hedging", Policy: policy.Policy{MaxAttempts: 1}},
+		{Name: "hedging, fixed 20ms", Policy: policy.Policy{Hedging: policy.Hedging{MaxAttempts: 2, Delay: 20 * time.Millisecond}}},
+		{Name: "hedging at p95", Policy: policy.Policy{Hedging: policy.Hedging{MaxAttempts: 2, Quantile: 0.95}}},
 	}
 }
 
@@ -101,11 +129,25 @@ func BudgetStrategy(sc Scenario) Strategy {
 func StrategiesFor(sc Scenario) []Strategy {
 	switch sc.Name {
 	case Overload().Name:
-		return append(Strategies(sc), BudgetStrategy(sc))
+		return append(Strategies(sc), BudgetStrategy(sc), SingleAttemptStrategy(), HedgeStrategy())
 	case LostReplies().Name:
 		return IdempotencyStrategies(sc)
+	case SlowAttempts().Name:
+		return HedgingStrategies()
 	}
 	return Strategies(sc)
+}
+
+// SingleAttemptStrategy sends every call once, with the breaker: the
+// baseline hedging is held to under overload.
+func SingleAttemptStrategy() Strategy {
+	return Strategy{Name: "single attempt", Policy: policy.Policy{MaxAttempts: 1}, Breaker: &breaker.Settings{}}
+}
+
+// HedgeStrategy hedges at the method's p95 with the breaker: under
+// overload it must end no worse than a single attempt.
+func HedgeStrategy() Strategy {
+	return Strategy{Name: "hedging at p95", Policy: HedgingStrategies()[2].Policy, Breaker: &breaker.Settings{}}
 }
 
 // LostReplies is the idempotency experiment: every charge is applied, then
@@ -133,6 +175,10 @@ func (sc Scenario) Scale(s float64) Scenario {
 	sc.Base, sc.Cap = scaleDur(sc.Base, s), scaleDur(sc.Cap, s)
 	f := &sc.Faults
 	f.Outage, f.CapacityWindow, f.RecoverAfter, f.Window = scaleDur(f.Outage, s), scaleDur(f.CapacityWindow, s), scaleDur(f.RecoverAfter, s), scaleDur(f.Window, s)
+	// A paced run keeps its pace and its normal latencies (below a
+	// millisecond they would be lost in the machine's own noise); only its
+	// slow attempts get shorter.
+	f.SlowLatency = scaleDur(f.SlowLatency, s)
 	return sc
 }
 
@@ -187,6 +233,20 @@ type Result struct {
 	Outcomes map[string]int
 	Elapsed  time.Duration
 	Stats    *demov1.GetStatsResponse
+	// Latencies are the successful calls' latencies, as the client saw
+	// them, in order (paced runs only).
+	Latencies []time.Duration
+}
+
+// Percentile returns the q quantile (nearest rank) of the successful
+// calls' latencies, or 0 when there are none.
+func (r Result) Percentile(q float64) time.Duration {
+	n := len(r.Latencies)
+	if n == 0 {
+		return 0
+	}
+	k := int(math.Ceil(q*float64(n))) - 1
+	return r.Latencies[min(max(k, 0), n-1)]
 }
 
 // Runner fires scenarios at a demo server.
@@ -261,7 +321,14 @@ func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial [
 	// its waits at their cap.
 	callTimeout := time.Duration(sc.Attempts)*sc.Cap + 10*time.Second
 	began := time.Now()
-	h := fireHerd(ctx, client, sc.Calls, callTimeout)
+	var h herd
+	if sc.Interval > 0 {
+		h = firePaced(ctx, client, sc.Calls, sc.Interval, callTimeout)
+		res.Latencies = h.latencies
+		slices.Sort(res.Latencies)
+	} else {
+		h = fireHerd(ctx, client, sc.Calls, callTimeout)
+	}
 	res.Elapsed = time.Since(began)
 	res.Succeeded, res.FastFails, res.Outcomes = h.ok, h.outcomes[string(interceptor.OutcomeBreakerOpen)], h.outcomes
 	res.BudgetRefusals = h.outcomes[string(interceptor.OutcomeBudgetExhausted)]
@@ -302,8 +369,45 @@ func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial [
 
 // herd is what the client counted of a herd of calls.
 type herd struct {
-	ok       int
-	outcomes map[string]int
+	ok        int
+	outcomes  map[string]int
+	latencies []time.Duration // of the successful calls
+}
+
+// firePaced starts n charges, one every interval, and waits for all of
+// them, timing each.
+func firePaced(ctx context.Context, client demov1.GatewayServiceClient, n int, interval, timeout time.Duration) herd {
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+		h  = herd{outcomes: map[string]int{}}
+	)
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for i := range n {
+		if i > 0 {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+			}
+		}
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			start := time.Now()
+			_, err := client.Charge(cctx, &demov1.ChargeRequest{AmountCents: 100})
+			took := time.Since(start)
+			mu.Lock()
+			defer mu.Unlock()
+			h.outcomes[outcome(err)]++
+			if err == nil {
+				h.ok++
+				h.latencies = append(h.latencies, took)
+			}
+		})
+	}
+	wg.Wait()
+	return h
 }
 
 // fireHerd starts n charges at the same instant and waits for all of them.

@@ -83,8 +83,16 @@ func TestOverloadScenarioShapes(t *testing.T) {
 	sc := Overload()
 	sc.Calls = 500
 	sc.Faults.Capacity = 40 // the same share of the herd as 80 of 1000
-	rs := runStrategies(t, sc, e2eScale, "exponential", "herdguard defaults", "herdguard + budget")
+	rs := runStrategies(t, sc, e2eScale, "exponential", "herdguard defaults", "herdguard + budget", "single attempt", "hedging at p95")
 	exp, hg, bud := rs["exponential"], rs["herdguard defaults"], rs["herdguard + budget"]
+	// Hedging on ends no worse than hedging off: no fewer calls through, no
+	// more attempts, no longer overload.
+	single, hedged := rs["single attempt"], rs["hedging at p95"]
+	if hedged.Succeeded < single.Succeeded*95/100 || hedged.Stats.Attempts > single.Stats.Attempts*105/100 ||
+		hedged.Stats.OverloadedMs > single.Stats.OverloadedMs*5/4+int64(e2eOverloadSlackMS) {
+		t.Errorf("hedging at p95: ok %d, %d attempts, overloaded %d ms; a single attempt: ok %d, %d attempts, %d ms: want no worse",
+			hedged.Succeeded, hedged.Stats.Attempts, hedged.Stats.OverloadedMs, single.Succeeded, single.Stats.Attempts, single.Stats.OverloadedMs)
+	}
 	if hg.Succeeded < exp.Succeeded {
 		t.Errorf("herdguard got %d calls through, exponential %d: want at least as many", hg.Succeeded, exp.Succeeded)
 	}
@@ -112,6 +120,32 @@ func TestOverloadScenarioShapes(t *testing.T) {
 		if r.AfterRecovery == 0 || r.AfterRecoveryOK != r.AfterRecovery {
 			t.Errorf("%s: %d of %d calls after recovery got through, want all", name, r.AfterRecoveryOK, r.AfterRecovery)
 		}
+	}
+}
+
+// e2eOverloadSlackMS is a capacity window at e2eScale: how far apart two
+// runs of the same shape may end.
+const e2eOverloadSlackMS = 67
+
+// TestTimingSlowAttemptsHedged: with 1 in 100 attempts taking a second,
+// hedging at the method's p95 cuts the p99.9 latency many times over for a
+// few extra attempts, and sends no hedge it does not need. It measures
+// latencies of a few milliseconds, so make test runs it without -race.
+func TestTimingSlowAttemptsHedged(t *testing.T) {
+	if raceEnabled {
+		t.Skip("measures latencies, which the race detector distorts; make test runs it without -race")
+	}
+	sc := SlowAttempts()
+	sc.Calls = 1000
+	rs := runStrategies(t, sc, 1, "no hedging", "hedging at p95")
+	none, p95 := rs["no hedging"], rs["hedging at p95"]
+	extra := float64(p95.Stats.Attempts-int64(p95.Calls)) / float64(p95.Calls)
+	if p95.Succeeded != p95.Calls || p95.Percentile(0.999)*10 > none.Percentile(0.999) || extra > 0.05 {
+		t.Errorf("hedging at p95: %d of %d calls ok, p99.9 %v (without hedging %v), %.1f %% extra attempts; want all, 10 times lower, at most 5 %%",
+			p95.Succeeded, p95.Calls, p95.Percentile(0.999), none.Percentile(0.999), 100*extra)
+	}
+	if none.Stats.Attempts != int64(none.Calls) {
+		t.Errorf("without hedging the server saw %d attempts for %d calls", none.Stats.Attempts, none.Calls)
 	}
 }
 

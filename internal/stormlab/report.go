@@ -17,6 +17,9 @@ func WriteTable(w io.Writer, results []Result) error {
 	if len(results) > 0 && results[0].Stats.GetChargesApplied() > 0 && isChargeRun(results) {
 		return writeChargeTable(tw, results)
 	}
+	if len(results) > 0 && results[0].Scenario == SlowAttempts().Name {
+		return writeLatencyTable(tw, results)
+	}
 	fmt.Fprintln(tw, "strategy\tcalls ok\tfailed\tbreaker fast-fails\tbudget refusals\tattempts sent\tuntil last success\tpeak retries / window\t(any span)\tpeak attempts / window\toverloaded for\tlast recovery at\tafter recovery ok\t")
 	for _, r := range results {
 		s := r.Stats
@@ -54,6 +57,22 @@ func writeChargeTable(tw *tabwriter.Writer, results []Result) error {
 	return tw.Flush()
 }
 
+// writeLatencyTable prints what the slow-attempts scenario is about: the
+// calls' latency percentiles against the extra attempts it cost.
+func writeLatencyTable(tw *tabwriter.Writer, results []Result) error {
+	fmt.Fprintln(tw, "strategy\tcalls\tcalls ok\tp50\tp99\tp99.9\tmax\tattempts sent\textra attempts\t")
+	for _, r := range results {
+		s := r.Stats
+		extra := s.GetAttempts() - int64(r.Calls)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d (%.1f %%)\t\n", r.Strategy, r.Calls, r.Succeeded,
+			fmtLatency(r.Percentile(0.5)), fmtLatency(r.Percentile(0.99)), fmtLatency(r.Percentile(0.999)), fmtLatency(r.Percentile(1)),
+			s.GetAttempts(), extra, 100*float64(extra)/float64(max(r.Calls, 1)))
+	}
+	return tw.Flush()
+}
+
+func fmtLatency(d time.Duration) string { return d.Round(100 * time.Microsecond).String() }
+
 // Legend says where each figure comes from.
 const Legend = `calls ok, failed, breaker fast-fails, budget refusals, after recovery: counted by the client
 (a refused call never reaches the server; "after recovery": calls made one after another once the server
@@ -63,7 +82,9 @@ peak retries / window: the most retries in one window of the series since the re
 attempts sent, until last success, peaks, overload, charges: counted by the server, by arrival time since its reset,
 read once an overloaded server has recovered ("still down": it had not within 10 times its recovery period).
 charged more than once = charges applied - calls: every call's first attempt is charged, and each retry of a call
-whose reply was lost is charged again unless the server can recognise it by its idempotency key.`
+whose reply was lost is charged again unless the server can recognise it by its idempotency key.
+p50, p99, p99.9, max: the latencies of the successful calls, timed by the client (nearest rank); extra attempts =
+attempts the server received - calls.`
 
 func fmtMS(ms int64) string { return fmt.Sprintf("%.1fs", float64(ms)/1000) }
 

@@ -42,6 +42,12 @@ type Faults struct {
 	LostReplyRate  float64       // a charge is applied, then the reply is "lost"
 	Seed           int64
 	Window         time.Duration // counting window; 0 = DefaultWindow
+	// Latency delays every attempt that passed the other faults, plus a
+	// uniform part of LatencySpread; with probability SlowRate it takes
+	// SlowLatency instead (a slow replica, a pause).
+	Latency, LatencySpread time.Duration
+	SlowRate               float64
+	SlowLatency            time.Duration
 }
 
 func (f Faults) withDefaults() Faults {
@@ -64,6 +70,10 @@ func (f Faults) Validate() error {
 		return fmt.Errorf("fail rate %v: must be in [0, 1]", f.FailRate)
 	case f.LostReplyRate < 0 || f.LostReplyRate > 1 || f.LostReplyRate != f.LostReplyRate:
 		return fmt.Errorf("lost reply rate %v: must be in [0, 1]", f.LostReplyRate)
+	case f.SlowRate < 0 || f.SlowRate > 1 || f.SlowRate != f.SlowRate:
+		return fmt.Errorf("slow rate %v: must be in [0, 1]", f.SlowRate)
+	case f.Latency < 0 || f.LatencySpread < 0 || f.SlowLatency < 0:
+		return fmt.Errorf("latencies must not be negative")
 	case f.Outage < 0:
 		return fmt.Errorf("outage %v: must not be negative", f.Outage)
 	case f.Capacity < 0:
@@ -81,6 +91,8 @@ func (f Faults) Proto() *demov1.Faults {
 		Capacity: int64(f.Capacity), CapacityWindowMs: f.CapacityWindow.Milliseconds(),
 		RecoverAfterMs: f.RecoverAfter.Milliseconds(), LostReplyRate: f.LostReplyRate,
 		Seed: f.Seed, WindowMs: f.Window.Milliseconds(),
+		LatencyUs: f.Latency.Microseconds(), LatencySpreadUs: f.LatencySpread.Microseconds(),
+		SlowRate: f.SlowRate, SlowLatencyMs: f.SlowLatency.Milliseconds(),
 	}
 }
 
@@ -88,10 +100,13 @@ func (f Faults) Proto() *demov1.Faults {
 // microseconds-precise milliseconds: below 1ms they round to 0.
 func FaultsFromProto(p *demov1.Faults) Faults {
 	ms := func(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
+	us := func(v int64) time.Duration { return time.Duration(v) * time.Microsecond }
 	return Faults{
 		FailRate: p.GetFailRate(), Outage: ms(p.GetOutageMs()), Capacity: int(p.GetCapacity()),
 		CapacityWindow: ms(p.GetCapacityWindowMs()), RecoverAfter: ms(p.GetRecoverAfterMs()),
 		LostReplyRate: p.GetLostReplyRate(), Seed: p.GetSeed(), Window: ms(p.GetWindowMs()),
+		Latency: us(p.GetLatencyUs()), LatencySpread: us(p.GetLatencySpreadUs()),
+		SlowRate: p.GetSlowRate(), SlowLatency: ms(p.GetSlowLatencyMs()),
 	}
 }
 
@@ -173,6 +188,10 @@ func (s *Server) unaryFaults(ctx context.Context, req any, info *grpc.UnaryServe
 	if err != nil {
 		return nil, err
 	}
+	if err := s.delay(ctx); err != nil {
+		s.finish(w, err) // the caller gave up while the attempt was slow
+		return nil, err
+	}
 	resp, err := h(ctx, req)
 	if err == nil && info.FullMethod == demov1.GatewayService_Charge_FullMethodName && s.lostReply() {
 		err = status.Error(codes.Unavailable, "stormlab: charge applied, reply lost")
@@ -223,6 +242,32 @@ func (s *Server) arrive(ctx context.Context) (*demov1.Window, error) {
 		s.total.Failed++
 	}
 	return w, err
+}
+
+// delay makes an attempt take the latency the faults give it, or less if
+// its caller gives up first.
+func (s *Server) delay(ctx context.Context) error {
+	s.mu.Lock()
+	f := s.faults
+	var d time.Duration
+	switch {
+	case f.SlowRate > 0 && s.rnd.Float64() < f.SlowRate:
+		d = f.SlowLatency
+	case f.Latency > 0 || f.LatencySpread > 0:
+		d = f.Latency + time.Duration(s.rnd.Float64()*float64(f.LatencySpread))
+	}
+	s.mu.Unlock()
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
 }
 
 // isRetry tells a retry from a first attempt by the metadata each client

@@ -676,7 +676,15 @@ type Faults struct {
 	// seed makes the random faults repeatable.
 	Seed int64 `protobuf:"varint,7,opt,name=seed,proto3" json:"seed,omitempty"`
 	// window_ms is the width of the counting windows.
-	WindowMs      int64 `protobuf:"varint,8,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	WindowMs int64 `protobuf:"varint,8,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	// latency_us delays every attempt that passed the other faults by this,
+	// plus a uniform part of latency_spread_us.
+	LatencyUs       int64 `protobuf:"varint,9,opt,name=latency_us,json=latencyUs,proto3" json:"latency_us,omitempty"`
+	LatencySpreadUs int64 `protobuf:"varint,10,opt,name=latency_spread_us,json=latencySpreadUs,proto3" json:"latency_spread_us,omitempty"`
+	// slow_rate makes an attempt take slow_latency_ms instead, with this
+	// probability (a slow replica, a pause).
+	SlowRate      float64 `protobuf:"fixed64,11,opt,name=slow_rate,json=slowRate,proto3" json:"slow_rate,omitempty"`
+	SlowLatencyMs int64   `protobuf:"varint,12,opt,name=slow_latency_ms,json=slowLatencyMs,proto3" json:"slow_latency_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -767,6 +775,34 @@ func (x *Faults) GetWindowMs() int64 {
 	return 0
 }
 
+func (x *Faults) GetLatencyUs() int64 {
+	if x != nil {
+		return x.LatencyUs
+	}
+	return 0
+}
+
+func (x *Faults) GetLatencySpreadUs() int64 {
+	if x != nil {
+		return x.LatencySpreadUs
+	}
+	return 0
+}
+
+func (x *Faults) GetSlowRate() float64 {
+	if x != nil {
+		return x.SlowRate
+	}
+	return 0
+}
+
+func (x *Faults) GetSlowLatencyMs() int64 {
+	if x != nil {
+		return x.SlowLatencyMs
+	}
+	return 0
+}
+
 type ResetStatsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -851,7 +887,7 @@ const file_herdguard_demo_v1_gateway_proto_rawDesc = "" +
 	"\x14peak_retries_sliding\x18\x10 \x01(\x03R\x12peakRetriesSliding\x122\n" +
 	"\x15peak_attempts_sliding\x18\x11 \x01(\x03R\x13peakAttemptsSliding\"F\n" +
 	"\x11ResetStatsRequest\x121\n" +
-	"\x06faults\x18\x01 \x01(\v2\x19.herdguard.demo.v1.FaultsR\x06faults\"\x8f\x02\n" +
+	"\x06faults\x18\x01 \x01(\v2\x19.herdguard.demo.v1.FaultsR\x06faults\"\x9f\x03\n" +
 	"\x06Faults\x12\x1b\n" +
 	"\tfail_rate\x18\x01 \x01(\x01R\bfailRate\x12\x1b\n" +
 	"\toutage_ms\x18\x02 \x01(\x03R\boutageMs\x12\x1a\n" +
@@ -860,7 +896,13 @@ const file_herdguard_demo_v1_gateway_proto_rawDesc = "" +
 	"\x10recover_after_ms\x18\x05 \x01(\x03R\x0erecoverAfterMs\x12&\n" +
 	"\x0flost_reply_rate\x18\x06 \x01(\x01R\rlostReplyRate\x12\x12\n" +
 	"\x04seed\x18\a \x01(\x03R\x04seed\x12\x1b\n" +
-	"\twindow_ms\x18\b \x01(\x03R\bwindowMs\"\x14\n" +
+	"\twindow_ms\x18\b \x01(\x03R\bwindowMs\x12\x1d\n" +
+	"\n" +
+	"latency_us\x18\t \x01(\x03R\tlatencyUs\x12*\n" +
+	"\x11latency_spread_us\x18\n" +
+	" \x01(\x03R\x0flatencySpreadUs\x12\x1b\n" +
+	"\tslow_rate\x18\v \x01(\x01R\bslowRate\x12&\n" +
+	"\x0fslow_latency_ms\x18\f \x01(\x03R\rslowLatencyMs\"\x14\n" +
 	"\x12ResetStatsResponse2\xe7\x03\n" +
 	"\x0eGatewayService\x12M\n" +
 	"\x06Charge\x12 .herdguard.demo.v1.ChargeRequest\x1a!.herdguard.demo.v1.ChargeResponse\x12c\n" +

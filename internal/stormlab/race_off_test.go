@@ -1,0 +1,5 @@
+//go:build !race
+
+package stormlab
+
+const raceEnabled = false
