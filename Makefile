@@ -53,13 +53,14 @@ demo: build ## Start the demo server on 127.0.0.1, run the client against it, st
 	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(TRACE_ARGS) 2>/dev/null | sed -n '/^span tree/,/^$$/p'
 
 .PHONY: bench
-bench: $(BIN)/benchstat ## Run the benchmarks (5 times each) and the storm table; write .bench/ and docs/benchmarks.md
+bench: $(BIN)/benchstat ## Run the benchmarks (5 times each), the storm table and the hedging table; write .bench/ and docs/benchmarks.md
 	@mkdir -p $(BENCH_OUT)
 	$(GO) test -p 1 -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./... | tee $(BENCH_OUT)/core.txt
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) . | tee ../$(BENCH_OUT)/peers.txt
 	$(BIN)/benchstat $(BENCH_OUT)/core.txt > $(BENCH_OUT)/core-summary.txt
 	$(BIN)/benchstat -col /peer $(BENCH_OUT)/peers.txt > $(BENCH_OUT)/peers-summary.txt
 	cd bench && HERDGUARD_STORM=1 $(GO) test -run TestStormTable -count=1 -v . | grep -v '^[=-]\{3\}' | sed '/^ok\|^PASS/d' > ../$(BENCH_OUT)/storm.txt
+	cd bench && HERDGUARD_STORM=1 $(GO) test -run TestHedgeTable -count=1 -v . | grep -v '^[=-]\{3\}' | sed '/^ok\|^PASS/d' > ../$(BENCH_OUT)/hedge.txt
 	@{ echo "# Benchmarks"; echo; \
 	  echo "Written by \`make bench\` on $$(date -u +%Y-%m-%d); reproduce with \`make bench\` (raw results in \`.bench/\`)."; echo; \
 	  echo "Machine: $$(nproc) cores, $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $$($(GO) version | cut -d' ' -f3-)."; echo; \
@@ -67,6 +68,7 @@ bench: $(BIN)/benchstat ## Run the benchmarks (5 times each) and the storm table
 	  echo "its allocations; compare time where the interceptor runs alone (an invoker that does nothing)."; echo; \
 	  echo "## Side by side with the peers (module bench/)"; echo; echo '```'; cat $(BENCH_OUT)/peers-summary.txt; echo '```'; echo; \
 	  echo "## The storm: the load-dependent overload, at scale 1/2"; echo; echo '```'; cat $(BENCH_OUT)/storm.txt; echo '```'; echo; \
+	  echo "## Hedging: slow attempts (1 in 100 takes 1 s)"; echo; echo '```'; cat $(BENCH_OUT)/hedge.txt; echo '```'; echo; \
 	  echo "## herdguard's own benchmarks"; echo; echo '```'; cat $(BENCH_OUT)/core-summary.txt; echo '```'; \
 	} > docs/benchmarks.md
 	@echo "wrote docs/benchmarks.md"

@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failsafe-go/failsafe-go/failsafegrpc"
+	"github.com/failsafe-go/failsafe-go/hedgepolicy"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -18,6 +21,7 @@ import (
 
 	"github.com/herdguard/herdguard/interceptor"
 	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/policy"
 )
 
 // Sub-benchmarks are named peer=NAME, so `benchstat -col /peer` puts the
@@ -250,6 +254,66 @@ func handWrittenPushback(ctx context.Context, method string, req, reply any, cc 
 			return err // a hand-written loop that does not wait stops on any pushback
 		}
 	}
+}
+
+// BenchmarkHedgedInTime is a call whose hedging policy would hedge after
+// a second, answered long before: what hedging costs a call that needs no
+// hedge, herdguard against failsafe-go's hedge policy, and against
+// herdguard's default (retried, unhedged) call and a call with no
+// interceptor. "alone" runs the interceptor with an invoker
+// that does nothing; "bufconn" is a whole call.
+func BenchmarkHedgedInTime(b *testing.B) {
+	hedged := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 2, Delay: time.Second}}
+	peers := []struct {
+		name string
+		u    grpc.UnaryClientInterceptor
+	}{
+		{"no-interceptor", passThrough},
+		{"herdguard-unhedged", herdguard(b, 3, 100*time.Millisecond).Unary()},
+		{"herdguard", hedgedHerdguard(b, hedged).Unary()},
+		{"failsafe", failsafegrpc.NewUnaryClientInterceptor[any](hedgepolicy.NewWithDelay[any](time.Second))},
+	}
+	cc, err := grpc.NewClient(testserver.Target, grpc.WithTransportCredentials(insecureCreds()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Close()
+	srv := okServer(b)
+	for _, p := range peers {
+		b.Run("alone/peer="+p.name, func(b *testing.B) {
+			ctx, reply := context.Background(), &testgrpc.SimpleResponse{}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := p.u(ctx, testserver.MethodUnary, nil, reply, cc, nopInvoker); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("bufconn/peer="+p.name, func(b *testing.B) {
+			c := srv.Client(b, grpc.WithChainUnaryInterceptor(p.u), grpc.WithDisableRetry())
+			ctx, req := context.Background(), &testgrpc.SimpleRequest{}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.UnaryCall(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// passThrough is a unary interceptor that only invokes.
+func passThrough(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+func hedgedHerdguard(tb testing.TB, p policy.Policy) *interceptor.Interceptor {
+	tb.Helper()
+	ic, err := interceptor.New(interceptor.WithPolicy(p), interceptor.WithTracerProvider(noop.NewTracerProvider()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ic
 }
 
 const streamMessages = 100
