@@ -381,3 +381,108 @@ func TestHedgedStreamCallerCancel(t *testing.T) {
 		}
 	}
 }
+
+// TestHedgedBidiStream: a hedge of a bidi stream is sent what the caller
+// sent before it started, then every later message with the first attempt;
+// the hedge answers first and the caller reads its replies only.
+func TestHedgedBidiStream(t *testing.T) {
+	sc := newStreamScript()
+	sc.on(2, func(ss grpc.ServerStream) error {
+		if err := sc.readAll(ss, 2, func() interface{ GetPayload() *testgrpc.Payload } { return new(testgrpc.StreamingOutputCallRequest) }); err != nil {
+			return err
+		}
+		for _, w := range sc.readOf(2) {
+			if err := ss.SendMsg(&testgrpc.StreamingOutputCallResponse{Payload: payload("echo " + w)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	srv, clk := startStreamScript(t, sc), newManualClock()
+	c := hedgedStreamClient(t, srv, clk, hedging(2))
+	s, err := c.FullDuplexCall(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload("a")}); err != nil {
+		t.Fatal(err)
+	}
+	sc.wait(t, 1)
+	clk.Advance(hedgeDelay)
+	sc.wait(t, 2)
+	if err := s.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload("b")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if words, err := recvAll(s.Recv); err != nil || !slices.Equal(words, []string{"echo a", "echo b"}) {
+		t.Errorf("received %q, %v; want the hedge's echo of a and b", words, err)
+	}
+	if got := sc.readOf(2); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("the hedge read %q, want a replayed, then b", got)
+	}
+	if err := sc.endedWith(t, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("the first attempt ended with %v, want cancelled", err)
+	}
+}
+
+// TestHedgedStreamGates: a stream's hedge is refused, as a unary call's is,
+// while the breaker has seen a failure since its last success, and once
+// the target's hedge budget is spent.
+func TestHedgedStreamGates(t *testing.T) {
+	open := func(t *testing.T, c testgrpc.TestServiceClient) (testgrpc.TestService_StreamingOutputCallClient, context.CancelFunc) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(ctxT(t))
+		s, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, cancel
+	}
+	t.Run("breaker", func(t *testing.T) {
+		sc := newStreamScript()
+		sc.on(1, func(grpc.ServerStream) error { return status.Error(codes.Unavailable, "down") })
+		srv, clk := startStreamScript(t, sc), newManualClock()
+		c := hedgedStreamClient(t, srv, clk, hedging(2)) // with the default breaker
+		s, cancel := open(t, c)
+		if _, err := s.Recv(); status.Code(err) != codes.Unavailable {
+			t.Fatalf("first stream: %v, want its fatal Unavailable", err)
+		}
+		cancel()
+		sc.wait(t, 1)
+		sc.on(1, nil) // the next first attempt hangs
+		s, cancel = open(t, c)
+		defer cancel()
+		sc.wait(t, 1)
+		clk.Advance(hedgeDelay)
+		sc.none(t) // the failure on the breaker's run refuses the hedge
+		cancel()
+		if _, err := s.Recv(); status.Code(err) != codes.Canceled {
+			t.Errorf("Recv after cancel: %v", err)
+		}
+	})
+	t.Run("hedge budget", func(t *testing.T) {
+		sc := newStreamScript()
+		srv, clk := startStreamScript(t, sc), newManualClock()
+		// 0.1/s over 10s: one hedge in reserve; no answer earns another.
+		c := hedgedStreamClient(t, srv, clk, hedging(2), WithoutBreaker(), WithHedgeBudget(policy.Budget{MinPerSecond: 0.1}))
+		for i, want := range []bool{true, false} {
+			_, cancel := open(t, c)
+			sc.wait(t, 1)
+			clk.Advance(hedgeDelay)
+			if want {
+				sc.wait(t, 2)
+			} else {
+				sc.none(t)
+			}
+			cancel()
+			if err := sc.endedWith(t, 1); err == nil {
+				t.Errorf("stream %d: its first attempt was not cancelled", i)
+			}
+			sc.mu.Lock()
+			delete(sc.ended, 1)
+			sc.mu.Unlock()
+		}
+	})
+}
