@@ -87,6 +87,24 @@
 // encoded, and a replay sends a new message of the caller's type decoded
 // from it.
 //
+// # Hedging
+//
+// A policy whose Hedging is on ([policy.Hedging], or a service config's
+// hedgingPolicy) hedges instead of retrying, as gRFC A6 says: the first
+// attempt goes at once, the next after the hedging delay while none has
+// answered, or at once after a non-fatal failure, or after the server's
+// pushback. The first answer (a unary reply, a stream's headers or first
+// message) or the first fatal failure decides the call, and every other
+// attempt is cancelled; the caller sees that answer only. With a Quantile
+// the delay is that quantile of the method's recent attempt latencies,
+// never below Delay. A hedge needs the breaker closed with no failure since
+// its last success, a throttling token and room in the retry budget when
+// those are on, and room in the target's hedge budget ([WithHedgeBudget]),
+// which only successful calls earn: under overload hedging stops by itself.
+// A half-open probe is never hedged, and the breaker counts a hedged call
+// once. Hedged streams replay their messages to each hedge and commit as
+// retried streams do; no hedge starts once the replay buffer overflowed.
+//
 // # gRPC's own retry
 //
 // [Interceptor.DialOptions] turns gRPC's retry off (grpc.WithDisableRetry),
@@ -107,8 +125,8 @@
 //
 // With [WithMeterProvider] (default: the global provider): [MetricAttempts],
 // [MetricRetryDelay], [MetricCalls], [MetricBreakerState],
-// [MetricBreakerTransitions] and [MetricBudgetRefusals]; see the README for
-// their attributes. A no-op provider costs nothing.
+// [MetricBreakerTransitions], [MetricBudgetRefusals] and [MetricHedges];
+// see the README for their attributes. A no-op provider costs nothing.
 //
 // # Order
 //

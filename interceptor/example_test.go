@@ -151,3 +151,40 @@ func ExampleWithServiceConfig() {
 	fmt.Println("ready")
 	// Output: ready
 }
+
+// A hedged method: a second copy of a call goes once the first is slower
+// than the method's recent p95 (never sooner than 10ms), and the first
+// answer wins. A policy that both retries and hedges is refused.
+func ExampleWithMethodPolicy_hedging() {
+	hedged := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 2, Quantile: 0.95, Delay: 10 * time.Millisecond}}
+	ic, err := interceptor.New(
+		interceptor.WithMethodPolicy("/shop.v1.Catalog/Get", hedged),
+		interceptor.WithHedgeBudget(policy.Budget{Ratio: 0.05}), // hedges: 5 % of successes, plus 1/s
+	)
+	fmt.Println(ic != nil, err)
+
+	both := hedged
+	both.MaxAttempts = 3
+	_, err = interceptor.New(interceptor.WithMethodPolicy("/shop.v1.Catalog/Get", both))
+	fmt.Println(err)
+	// Output:
+	// true <nil>
+	// interceptor: WithMethodPolicy("/shop.v1.Catalog/Get"): policy: MaxAttempts = 3: set beside Hedging: a call is retried or hedged, never both (gRFC A6); leave the retry fields zero
+}
+
+// gRFC A6's hedgingPolicy, from a service config.
+func ExampleWithServiceConfig_hedging() {
+	ic, err := interceptor.New(interceptor.WithServiceConfig(`{"methodConfig": [{
+		"name": [{"service": "shop.v1.Catalog", "method": "Get"}],
+		"hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.02s", "nonFatalStatusCodes": ["UNAVAILABLE"]}
+	}]}`))
+	fmt.Println(ic != nil, err)
+	_, err = interceptor.New(interceptor.WithServiceConfig(`{"methodConfig": [{
+		"name": [{"service": "shop.v1.Catalog"}],
+		"hedgingPolicy": {"maxAttempts": 2, "hedgingDelay": "0.02s", "nonFatalStatusCodes": ["unavailable"]}
+	}]}`))
+	fmt.Println(err)
+	// Output:
+	// true <nil>
+	// interceptor: WithServiceConfig: policy: service config: methodConfig[0].hedgingPolicy.nonFatalStatusCodes[0] = "unavailable": want an upper-case name such as "UNAVAILABLE" or a number from 0 to 16, as gRPC reads it: invalid code: "\"unavailable\""
+}

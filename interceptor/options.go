@@ -135,8 +135,9 @@ func WithRetryBudget(b policy.Budget) Option {
 
 // WithHedgeBudget sets the budget that hedges pass, one per target, shared
 // by the hedged unary calls and streams of this interceptor: a hedge is
-// sent while the hedges of the last Window are fewer than Ratio × the calls
-// to the target that succeeded in it, plus MinPerSecond × Window. Its zero
+// sent while the hedges of the last Window are fewer than Ratio × the
+// hedged calls to the target that succeeded in it (a stream succeeds when
+// the server answers it), plus MinPerSecond × Window. Its zero
 // fields mean 0.1, 1 a second and 10s ([policy.Budget.WithHedgeDefaults]).
 // Because only answers earn hedges, a server that stops answering stops
 // receiving them. The budget is always on for hedged calls; a hedge must

@@ -1,7 +1,8 @@
-// Package policy decides how a failed gRPC call is retried: how many
-// attempts, which status codes, and how long to wait between attempts. It is
-// pure: it makes no calls and reads no clock; the random number behind each
-// jittered wait is an argument, so every wait can be tested exactly.
+// Package policy decides how a gRPC call is retried after a failure, or
+// hedged while it is slow: how many attempts, which status codes, and how
+// long to wait between attempts. It is pure: it makes no calls and reads no
+// clock; the random number behind each jittered wait is an argument, so
+// every wait can be tested exactly.
 //
 // A [Policy] is a plain value. Every zero field means its default (see
 // [Default]), so a partial literal is safe; [Policy.Validate] reports
@@ -27,4 +28,12 @@
 // Jitter's zero value is [FullJitter], which is what spreads a herd of
 // callers that failed together; waiting without jitter is asked for by name,
 // with [NoJitter].
+//
+// # Hedging
+//
+// A Policy whose [Hedging] is on hedges its calls instead of retrying them
+// (gRFC A6's hedgingPolicy): its retry fields must then be zero.
+// [Hedging.HedgeDelay] gives the wait before the next hedge from a quantile
+// of the method's recent latencies, and [Budget.WithHedgeDefaults] the
+// budget that hedges pass.
 package policy
