@@ -111,12 +111,7 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 	} else {
 		h.replyElem = reflect.TypeOf(c.reply).Elem()
 	}
-	var q time.Duration
-	known := false
-	if h.window != nil {
-		q, known = h.window.Quantile()
-	}
-	h.delay = c.p.p.Hedging.HedgeDelay(q, known)
+	h.delay = delayBeforeHedge(c.p, h.window)
 	if h.ratio != nil {
 		h.ratio.Call()
 	}

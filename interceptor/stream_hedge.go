@@ -51,12 +51,7 @@ func (s *retryStream) newHedge() *streamHedge {
 	if s.bs.lim != nil {
 		h.ratio, h.throttle = s.bs.lim.ratio, s.bs.lim.throttle
 	}
-	var q time.Duration
-	known := false
-	if h.window != nil {
-		q, known = h.window.Quantile()
-	}
-	h.delay = s.p.p.Hedging.HedgeDelay(q, known)
+	h.delay = delayBeforeHedge(s.p, h.window)
 	if h.ratio != nil {
 		h.ratio.Call()
 	}
