@@ -124,17 +124,32 @@ func (r *Ratio) Call() {
 func (r *Ratio) TryRetry() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	i, ok := r.roomLocked()
+	if ok {
+		r.retries[i]++
+	}
+	return ok
+}
+
+// Allowed reports whether a retry would be allowed now, without counting
+// one: for a caller that must also pass another budget before it retries.
+func (r *Ratio) Allowed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.roomLocked()
+	return ok
+}
+
+// roomLocked moves the window to now and reports whether it has room for a
+// retry, and the index of the newest bucket.
+func (r *Ratio) roomLocked() (int, bool) {
 	i := r.advanceLocked()
 	var calls, retries int64
 	for j := range buckets {
 		calls += r.calls[j]
 		retries += r.retries[j]
 	}
-	if float64(retries) >= r.ratio*float64(calls)+r.reserve {
-		return false
-	}
-	r.retries[i]++
-	return true
+	return i, float64(retries) < r.ratio*float64(calls)+r.reserve
 }
 
 // Counts returns the calls and retries in the window now.

@@ -220,3 +220,23 @@ func TestThrottleAllowed(t *testing.T) {
 		t.Errorf("Allowed took a token: %v left, want 3", th.Tokens())
 	}
 }
+
+func TestRatioAllowedCountsNothing(t *testing.T) {
+	r, _ := newRatio(t, policy.Budget{Ratio: 0.5, MinPerSecond: 0.1, Window: 10 * time.Second}) // a reserve of 1
+	for range 3 {
+		if !r.Allowed() {
+			t.Fatal("Allowed refused with the reserve untouched")
+		}
+	}
+	if !r.TryRetry() {
+		t.Fatal("the reserve's one retry was refused")
+	}
+	if r.Allowed() {
+		t.Error("Allowed with the budget spent")
+	}
+	r.Call()
+	r.Call() // 0.5 × 2 calls: room for one more
+	if !r.Allowed() || !r.TryRetry() || r.Allowed() {
+		t.Error("after 2 calls, want room for exactly one more retry")
+	}
+}

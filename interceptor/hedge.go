@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"cmp"
 	"context"
 	"reflect"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -42,9 +44,15 @@ type hedgeCall struct {
 	ratio    *budget.Ratio    // nil: no WithRetryBudget
 	throttle *budget.Throttle // nil: no throttling
 	// catch is true when attempts catch their header and trailer: only a
-	// non-fatal code, or throttling, makes them matter, and gRPC copies
-	// what is caught.
+	// non-fatal code, throttling, or a caller who asked for them makes them
+	// matter, and gRPC copies what is caught.
 	catch bool
+	// opts are the caller's call options for every attempt, without the
+	// caller's Header, Trailer and Peer options (want): gRPC would fill
+	// those from each attempt as it ends, losers last. The call fills them
+	// from the attempt that decided it.
+	opts []grpc.CallOption
+	want callerCatchers
 	// replyType (for a protobuf reply) or replyElem is the type of the
 	// caller's reply, for hedges' replies. They are read before the first
 	// attempt starts writing into the caller's reply, which must not be read
@@ -71,6 +79,7 @@ type hedgeCall struct {
 	winner      *hedgeAttempt // the attempt that decided the call; nil if all failed
 	err         error         // the call's error
 	last        error         // the last non-fatal failure
+	lastBy      *hedgeAttempt // the attempt that failed with last
 	numbers     retryNumbers
 }
 
@@ -82,9 +91,12 @@ type hedgeAttempt struct {
 	reply           any
 	opts            []grpc.CallOption
 	header, trailer *metadata.MD
-	own             struct{ header, trailer metadata.MD } // a hedge's catchers
-	span            trace.Span
-	start           time.Time
+	own             struct {
+		header, trailer metadata.MD // a hedge's catchers
+		peer            peer.Peer   // when the caller asked for the peer
+	}
+	span  trace.Span
+	start time.Time
 }
 
 func newHedgeCall() any {
@@ -105,7 +117,8 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 	if c.lim != nil {
 		h.ratio, h.throttle = c.lim.ratio, c.lim.throttle
 	}
-	h.catch = c.p.nonFatal != 0 || h.throttle != nil
+	h.opts, h.want = splitCatchers(c.buf.opts[:len(c.buf.opts)-catchers])
+	h.catch = c.p.nonFatal != 0 || h.throttle != nil || h.want.header != nil || h.want.trailer != nil
 	if m, ok := c.reply.(proto.Message); ok {
 		h.replyType = m.ProtoReflect().Type()
 	} else {
@@ -150,6 +163,9 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 			copyReply(c.reply, w.reply)
 		}
 	}
+	if by := cmp.Or(h.winner, h.lastBy); by != nil {
+		h.want.fill(*by.header, *by.trailer, &by.own.peer)
+	}
 	if h.err == nil {
 		c.outcome = OutcomeOK
 		if h.throttle != nil {
@@ -165,15 +181,17 @@ func (h *hedgeCall) newAttemptLocked(n int) *hedgeAttempt {
 	c := &h.c
 	var a *hedgeAttempt
 	ctx := h.ctx
-	callerOpts := c.buf.opts[:len(c.buf.opts)-catchers]
 	if n == 1 {
 		h.first = hedgeAttempt{n: 1}
 		a = &h.first
-		a.reply, a.opts = c.reply, callerOpts
-		if h.catch {
-			a.opts = c.buf.opts
-		}
+		a.reply, a.opts = c.reply, h.opts
 		a.header, a.trailer = &c.buf.header, &c.buf.trailer
+		if h.catch {
+			a.opts = c.buf.opts // the caller's, then the call's catchers
+			if h.want.any() {
+				a.opts = append(h.opts[:len(h.opts):len(h.opts)], grpc.Header(a.header), grpc.Trailer(a.trailer))
+			}
+		}
 	} else {
 		a = &hedgeAttempt{n: n}
 		ctx = h.numbers.context(ctx, n, h.max)
@@ -182,12 +200,14 @@ func (h *hedgeCall) newAttemptLocked(n int) *hedgeAttempt {
 		} else {
 			a.reply = reflect.New(h.replyElem).Interface()
 		}
-		a.opts = callerOpts
-		if h.catch {
-			a.opts = append(callerOpts[:len(callerOpts):len(callerOpts)],
-				grpc.Header(&a.own.header), grpc.Trailer(&a.own.trailer))
-		}
 		a.header, a.trailer = &a.own.header, &a.own.trailer
+		a.opts = h.opts
+		if h.catch {
+			a.opts = append(h.opts[:len(h.opts):len(h.opts)], grpc.Header(a.header), grpc.Trailer(a.trailer))
+		}
+	}
+	if h.want.peer != nil {
+		a.opts = append(a.opts[:len(a.opts):len(a.opts)], grpc.Peer(&a.own.peer))
 	}
 	a.ctx, a.cancel = context.WithCancel(ctx)
 	h.attempts = append(h.attempts, a)
@@ -272,7 +292,7 @@ func (h *hedgeCall) judgeLocked(a *hedgeAttempt, err error) {
 		h.decideLocked(a, err, OutcomeNotRetryable)
 		return
 	}
-	h.last = err
+	h.last, h.lastBy = err, a
 	if present && ok {
 		if deadline, has := h.ctx.Deadline(); has && h.outstanding == 0 && c.ic.clock.Now().Add(wait).After(deadline) {
 			// no attempt in flight, and the next could not go in time
@@ -330,11 +350,14 @@ func (h *hedgeCall) hedgeLocked() {
 	case h.throttle != nil && !h.throttle.Allowed():
 		h.refuseLocked("throttling")
 		return
-	case !h.hedges.TryRetry():
+	case !h.hedges.Allowed():
 		h.refuseLocked("hedge_budget")
 		return
 	case h.ratio != nil && !h.ratio.TryRetry():
 		h.refuseLocked("ratio")
+		return
+	case !h.hedges.TryRetry(): // only if another call took the last room meanwhile
+		h.refuseLocked("hedge_budget")
 		return
 	}
 	a := h.newAttemptLocked(len(h.attempts) + 1)
@@ -422,4 +445,56 @@ func hedgeable(reply any) bool {
 	}
 	t := reflect.TypeOf(reply)
 	return t != nil && t.Kind() == reflect.Pointer
+}
+
+// callerCatchers are where a caller's Header, Trailer and Peer call options
+// point; nil where it gave none.
+type callerCatchers struct {
+	header, trailer *metadata.MD
+	peer            *peer.Peer
+}
+
+func (w callerCatchers) any() bool { return w.header != nil || w.trailer != nil || w.peer != nil }
+
+// fill gives the caller the header, trailer and peer of the attempt that
+// decided its call.
+func (w callerCatchers) fill(header, trailer metadata.MD, p *peer.Peer) {
+	if w.header != nil {
+		*w.header = header
+	}
+	if w.trailer != nil {
+		*w.trailer = trailer
+	}
+	if w.peer != nil && p != nil {
+		*w.peer = *p
+	}
+}
+
+// splitCatchers returns opts without the caller's Header, Trailer and Peer
+// options, and where those point. It allocates only when there are any.
+func splitCatchers(opts []grpc.CallOption) ([]grpc.CallOption, callerCatchers) {
+	var w callerCatchers
+	found := false
+	for _, o := range opts {
+		switch o := o.(type) {
+		case grpc.HeaderCallOption:
+			w.header, found = o.HeaderAddr, true
+		case grpc.TrailerCallOption:
+			w.trailer, found = o.TrailerAddr, true
+		case grpc.PeerCallOption:
+			w.peer, found = o.PeerAddr, true
+		}
+	}
+	if !found {
+		return opts, w
+	}
+	kept := make([]grpc.CallOption, 0, len(opts))
+	for _, o := range opts {
+		switch o.(type) {
+		case grpc.HeaderCallOption, grpc.TrailerCallOption, grpc.PeerCallOption:
+		default:
+			kept = append(kept, o)
+		}
+	}
+	return kept, w
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard/breaker"
@@ -697,5 +698,118 @@ func TestHedgeNotWhileTheServerFails(t *testing.T) {
 	close(release)
 	if r := waitResult(t, done); r.err != nil || r.r.GetUsername() != "slow" {
 		t.Fatalf("call: %v; want the first attempt's reply", r)
+	}
+}
+
+// TestHedgeCallerCatchersGetTheWinners: the caller's Header, Trailer and
+// Peer options get the values of the attempt whose answer the caller got,
+// not of a loser that ended later (gRPC fills them as each attempt ends).
+func TestHedgeCallerCatchersGetTheWinners(t *testing.T) {
+	answer := func(who string) func(context.Context) (*testgrpc.SimpleResponse, error) {
+		return func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
+			_ = grpc.SetHeader(ctx, metadata.Pairs("who", who))
+			_ = grpc.SetTrailer(ctx, metadata.Pairs("who-t", who))
+			return &testgrpc.SimpleResponse{Username: who}, nil
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		winner int
+	}{{"the hedge wins", 2}, {"the first wins while the hedge runs", 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, clk := startHedgeServer(t), newManualClock()
+			release := make(chan struct{})
+			if tc.winner == 2 {
+				srv.on(2, answer("hedge"))
+			} else {
+				srv.on(1, func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
+					<-release // answer once the hedge is out
+					return answer("first")(ctx)
+				})
+			}
+			ic, err := New(withClock(clk), WithPolicy(hedging(2)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := srv.Client(t, ic.DialOptions()...)
+			var (
+				header, trailer metadata.MD
+				p               peer.Peer
+			)
+			done := make(chan *testgrpc.SimpleResponse, 1)
+			go func() {
+				r, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{}, grpc.Header(&header), grpc.Trailer(&trailer), grpc.Peer(&p))
+				if err != nil {
+					t.Errorf("call: %v", err)
+				}
+				done <- r
+			}()
+			srv.waitArrival(t, 1)
+			clk.Advance(hedgeDelay)
+			srv.waitArrival(t, 2)
+			close(release)
+			r := <-done
+			want := map[int]string{1: "first", 2: "hedge"}[tc.winner]
+			if r.GetUsername() != want || !slices.Equal(header.Get("who"), []string{want}) || !slices.Equal(trailer.Get("who-t"), []string{want}) {
+				t.Errorf("reply %q, header %v, trailer %v; want all of %s", r.GetUsername(), header, trailer, want)
+			}
+			if p.Addr == nil {
+				t.Error("the caller's Peer option was left empty")
+			}
+		})
+	}
+}
+
+// TestHedgeRefusedByTheRetryBudgetCostsNoHedge: a hedge that the retry
+// budget refuses is not counted against the hedge budget.
+func TestHedgeRefusedByTheRetryBudgetCostsNoHedge(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+		if attemptOf(ctx) == 1 {
+			<-ctx.Done() // every first attempt hangs
+			return nil, ctx.Err()
+		}
+		return &testgrpc.SimpleResponse{}, nil
+	}})
+	// A retry budget with room for a single retry in its window.
+	ic, err := New(withClock(newFakeClock()), WithoutBreaker(), WithPolicy(hedging(2)),
+		WithRetryBudget(policy.Budget{Ratio: 1e-9, MinPerSecond: 0.05}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	for range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Millisecond)
+		_, _ = c.UnaryCall(ctx, &testgrpc.SimpleRequest{})
+		cancel()
+	}
+	if _, hedges := ic.hedgeBudget(testserver.Target).Counts(); hedges != 1 {
+		t.Errorf("the hedge budget counted %d hedges; the retry budget let 1 go", hedges)
+	}
+}
+
+// TestHedgingPolicyNotHedgedMakesOneAttempt: a method whose hedging policy
+// cannot hedge it (WithIdempotentOnly, not idempotent) makes one attempt,
+// as a stream does: a hedging policy never retries.
+func TestHedgingPolicyNotHedgedMakesOneAttempt(t *testing.T) {
+	ic, err := New(WithoutBreaker(), WithPolicy(hedging(3)), WithIdempotentOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var attempts atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		attempts.Add(1)
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	// Nothing listens there: each attempt fails Unavailable without
+	// reaching a server, which an unsafe method's retry loop would retry.
+	cc, err := grpc.NewClient("127.0.0.1:1", append(ic.DialOptions(), grpc.WithTransportCredentials(insecureCreds()),
+		grpc.WithChainUnaryInterceptor(count))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	_, err = testgrpc.NewTestServiceClient(cc).UnaryCall(ctxT(t), &testgrpc.SimpleRequest{})
+	if status.Code(err) != codes.Unavailable || attempts.Load() != 1 {
+		t.Errorf("got %v after %d attempts; want Unavailable after 1", err, attempts.Load())
 	}
 }

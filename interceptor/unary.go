@@ -109,6 +109,9 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	if p.hedged() {
 		maxAttempts = p.p.Hedging.MaxAttempts
 		c.hedged = !unsafe && hedgeable(reply) // WithIdempotentOnly: only idempotent methods are hedged
+		if !c.hedged {
+			maxAttempts = 1 // a hedging policy does not retry
+		}
 	}
 	if noRetry {
 		maxAttempts = 1
