@@ -88,6 +88,18 @@ func (c *manualClock) Armed() []time.Duration {
 	return slices.Clone(c.armed)
 }
 
+// waitArmed waits until a timer has been set to d.
+func (c *manualClock) waitArmed(t *testing.T, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(callTimeout)
+	for !slices.Contains(c.Armed(), d) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no timer was set to %v; set: %v", d, c.Armed())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 type manualTimer struct {
 	clock  *manualClock
 	f      func()

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -81,8 +82,9 @@ type retryStream struct {
 
 	// mu guards the fields below. It is held while the stream decides on a
 	// retry, waits before it, and opens and replays the next attempt, so
-	// that every operation waits for the new attempt; it is never held
-	// while the caller's SendMsg or RecvMsg runs on an attempt.
+	// that every operation waits for the new attempt (a hedge, which runs
+	// beside others, opens without it); it is never held while the
+	// caller's SendMsg or RecvMsg runs on an attempt.
 	mu           sync.Mutex
 	a            *streamAttempt
 	attempts     int
@@ -123,7 +125,8 @@ type streamAttempt struct {
 	live     bool              // the call's context was alive when it started
 	started  time.Time
 	cancel   context.CancelCauseFunc
-	timeout  *time.Timer // cancels the attempt at PerAttemptTimeout until commit
+	openCtx  context.Context // a hedge's context until openHedge opens it
+	timeout  *time.Timer     // cancels the attempt at PerAttemptTimeout until commit
 	timedOut atomic.Bool
 	span     trace.Span
 	ended    bool // its span is ended and it is counted; guarded by the stream's mu
@@ -208,9 +211,10 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	}
 
 	s.mu.Lock()
+	var next *streamAttempt // a hedge to open, if the first attempt failed at once
 	if s.hedge != nil {
 		var over bool
-		if over, err = s.hedgeNextLocked(); !over {
+		if over, err, next = s.hedgeNextLocked(); !over {
 			err = nil
 		}
 	} else {
@@ -228,6 +232,9 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	// stream before unwatch is set.
 	s.unwatch = context.AfterFunc(s.ctx, s.contextDone)
 	s.mu.Unlock()
+	if next != nil {
+		go s.openHedge(next)
+	}
 	return s, nil
 }
 
@@ -270,13 +277,9 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 	if a.timeout != nil {
 		go s.watchHeaders(a)
 	}
-	start := 0
-	for _, end := range s.ends {
-		msg := s.msgType.New().Interface()
-		err := proto.Unmarshal(s.buf[start:end], msg)
-		if err != nil {
-			err = status.Errorf(codes.Internal, "herdguard: replaying a buffered message: %v", err)
-		} else {
+	for i := range s.ends {
+		msg, size, err := s.decodeLocked(i)
+		if err == nil {
 			err = cs.SendMsg(msg)
 		}
 		if err != nil {
@@ -296,13 +299,26 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 			return a, end
 		}
 		s.replayed++
-		s.replayedSz += int64(end - start)
-		start = end
+		s.replayedSz += int64(size)
 	}
 	if s.closeSent {
 		_ = cs.CloseSend() // gRPC's CloseSend always returns nil
 	}
 	return a, nil
+}
+
+// decodeLocked decodes the buffer's message i into a new message of the
+// caller's type, and returns it with its encoded size.
+func (s *retryStream) decodeLocked(i int) (proto.Message, int, error) {
+	start := 0
+	if i > 0 {
+		start = s.ends[i-1]
+	}
+	msg := s.msgType.New().Interface()
+	if err := proto.Unmarshal(s.buf[start:s.ends[i]], msg); err != nil {
+		return nil, 0, status.Errorf(codes.Internal, "herdguard: replaying a buffered message: %v", err)
+	}
+	return msg, s.ends[i] - start, nil
 }
 
 // watchHeaders commits the stream when attempt a's response headers arrive,
@@ -699,17 +715,23 @@ func (s *retryStream) Trailer() metadata.MD {
 // attempt after it. Like gRPC's, it always returns nil.
 func (s *retryStream) CloseSend() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closeSent {
+		s.mu.Unlock()
 		return nil
 	}
 	s.closeSent = true
-	if s.hedge != nil && !s.committed {
-		for _, a := range s.hedge.live {
+	if h := s.hedge; h != nil && !s.committed && !s.finished {
+		// Outside the lock, as SendMsg sends: a hedge opening meanwhile
+		// closes its own once it has caught up.
+		h.sendTo = append(h.sendTo[:0], h.live...)
+		to := h.sendTo
+		s.mu.Unlock()
+		for _, a := range to {
 			_ = a.cs.CloseSend()
 		}
 		return nil
 	}
+	defer s.mu.Unlock()
 	if a := s.a; a.cs != nil {
 		_ = a.cs.CloseSend()
 	}
@@ -729,14 +751,15 @@ func (s *retryStream) Context() context.Context {
 // and returns that attempt.
 func (s *retryStream) commitNow() *streamAttempt {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	switch {
 	case s.finished:
 	case s.hedge != nil && !s.committed:
-		s.hedgeCommitNowLocked()
+		s.hedgeCommitNowUnlock()
+		s.mu.Lock()
 	default:
 		s.commitLocked(false)
 	}
+	defer s.mu.Unlock()
 	return s.a
 }
 
@@ -790,6 +813,13 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 
 	if unwatch != nil {
 		unwatch()
+	}
+	if h := s.hedge; h != nil && h.want.any() && a.cs != nil {
+		// The caller's Header, Trailer and Peer options, which no attempt
+		// carried: the final attempt's, as gRPC fills them at the end.
+		header, _ := a.cs.Header()
+		p, _ := peer.FromContext(a.cs.Context())
+		h.want.fill(header, a.cs.Trailer(), p)
 	}
 	if release {
 		a.release()

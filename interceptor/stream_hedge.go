@@ -1,13 +1,16 @@
 package interceptor
 
 import (
+	"context"
 	"io"
 	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/herdguard/herdguard/budget"
 	"github.com/herdguard/herdguard/latency"
@@ -15,7 +18,9 @@ import (
 
 // streamHedge is what a hedged stream (gRFC A6 hedging) keeps until it
 // commits. Until then every attempt in flight gets every message the caller
-// sends, and a new hedge gets the replay buffer first. A goroutine per
+// sends, and a new hedge gets the replay buffer first, opened and replayed
+// to without the stream's lock (openHedge) so that it holds up no other
+// attempt, until it has caught up and joins the others. A goroutine per
 // attempt waits for its response headers: the first attempt to answer wins
 // the stream, which commits to it and cancels the others; the caller's
 // RecvMsg and Header wait for that. An attempt that ends without headers is
@@ -32,8 +37,15 @@ type streamHedge struct {
 	throttle *budget.Throttle // nil: no throttling
 	decided  chan struct{}    // closed once the stream commits or ends
 
+	// want are where the caller's Header, Trailer and Peer options point;
+	// the stream's attempts run without them, and the stream fills them
+	// from its final attempt when it ends.
+	want callerCatchers
+
 	// guarded by the stream's mu
 	live    []*streamAttempt // attempts open and not ended, oldest first
+	opening []*streamAttempt // hedges being opened and replayed to, without the lock
+	changed *sync.Cond       // on the stream's mu: an opening hedge went live or ended
 	sendTo  []*streamAttempt // SendMsg's copy of live
 	timer   timer
 	armed   bool
@@ -55,57 +67,191 @@ func (s *retryStream) newHedge() *streamHedge {
 	if h.ratio != nil {
 		h.ratio.Call()
 	}
+	s.opts, h.want = splitCatchers(s.opts)
+	h.changed = sync.NewCond(&s.mu)
 	return h
 }
 
-// hedgeNextLocked starts the next attempt (the first goes at once; a hedge
-// needs the throttling and the budget to allow it) and arms the timer for
-// the one after. It returns the stream's final error when no attempt is in
-// flight and none may go any more.
-func (s *retryStream) hedgeNextLocked() (over bool, err error) {
+// hedgeNextLocked starts the next attempt if one may go (a hedge needs the
+// breaker, the throttling and the budgets to allow it). The first attempt
+// opens here, under the lock, before anything else runs on the stream. A
+// hedge is only made ready here: next is returned for the caller to open
+// with openHedge once it has released the lock, so that a hedge slow to
+// open (the connection has no free stream) or to take its replay (flow
+// control) holds up no other attempt's answer. It returns the stream's final
+// error when no attempt is in flight and none may go any more.
+func (s *retryStream) hedgeNextLocked() (over bool, err error, next *streamAttempt) {
 	h := s.hedge
 	for {
 		if s.committed || s.finished {
-			return false, nil
+			return false, nil, nil
 		}
 		if h.noMore || s.attempts >= h.max || s.ctx.Err() != nil || s.overflow {
-			return s.hedgeExhaustedLocked()
+			over, err = s.hedgeExhaustedLocked()
+			return over, err, nil
 		}
 		if s.attempts > 0 {
 			switch {
 			case s.breaker != nil && !s.breaker.Calm():
-				h.noMore, h.refused = true, "breaker" // the server shows failures
+				h.refused = "breaker" // the server shows failures
 			case h.throttle != nil && !h.throttle.Allowed():
-				h.noMore, h.refused = true, "throttling"
-			case !h.hedges.TryRetry():
-				h.noMore, h.refused = true, "hedge_budget"
+				h.refused = "throttling"
+			case !h.hedges.Allowed():
+				h.refused = "hedge_budget"
 			case h.ratio != nil && !h.ratio.TryRetry():
-				h.noMore, h.refused = true, "ratio"
+				h.refused = "ratio"
+			case !h.hedges.TryRetry(): // only if another stream took the last room meanwhile
+				h.refused = "hedge_budget"
 			}
 			if h.refused != "" {
+				h.noMore = true
 				s.ic.metering.refusal(s.ctx, s.method, h.refused)
-				return s.hedgeExhaustedLocked()
+				over, err = s.hedgeExhaustedLocked()
+				return over, err, nil
 			}
+			return false, nil, s.readyHedgeLocked()
 		}
 		a, err := s.startLocked()
-		if a.span != nil && a.n > 1 {
-			a.span.SetAttributes(AttrHedge.Bool(true))
-		}
 		if err == nil && s.committed {
 			s.hedgeCommitLocked(a, true, false) // it answered during its replay
-			return false, nil
+			return false, nil, nil
 		}
 		if err == nil {
 			h.live = append(h.live, a)
 			go s.watchHedge(a)
 			s.hedgeArmLocked(h.delay)
-			return false, nil
+			return false, nil, nil
 		}
-		// It could not open, or broke during its replay, without an answer.
+		// It could not open without an answer.
 		over, ferr, now := s.hedgeFailedLocked(a, err)
 		if over || !now {
-			return over, ferr // ended, or waiting for a pushback's delay
+			return over, ferr, nil // ended, or waiting for a pushback's delay
 		}
+	}
+}
+
+// readyHedgeLocked numbers the next hedge and makes its context and span;
+// it is opening until openHedge makes it live.
+func (s *retryStream) readyHedgeLocked() *streamAttempt {
+	s.attempts++
+	a := &streamAttempt{n: s.attempts, live: true, started: s.ic.clock.Now()}
+	ctx := s.numbers.context(s.ctx, a.n, s.maxAttempts)
+	ctx, a.cancel = context.WithCancelCause(ctx)
+	if s.tracer != nil {
+		ctx, a.span = startAttempt(ctx, s.tracer, a.n)
+		a.span.SetAttributes(AttrHedge.Bool(true))
+	}
+	a.openCtx = ctx
+	s.hedge.opening = append(s.hedge.opening, a)
+	return a
+}
+
+// openHedge opens hedge a, made ready by hedgeNextLocked, and replays to it
+// every message the caller has sent, without holding the lock. Messages sent
+// meanwhile are buffered, so it replays until, under the lock, it has caught
+// up with the buffer and CloseSend; there it goes live, and from then on
+// SendMsg sends to it directly. If the stream commits or ends meanwhile, a
+// is ended with it and openHedge returns.
+func (s *retryStream) openHedge(a *streamAttempt) {
+	h := s.hedge
+	cs, err := s.streamer(a.openCtx, s.desc, s.cc, s.method, s.opts...)
+	a.openCtx = nil
+	replayed, closed := 0, false
+	var replayedSz int64
+	s.mu.Lock()
+	for {
+		if !slices.Contains(h.opening, a) {
+			s.mu.Unlock() // the stream moved on, and ended a
+			return
+		}
+		if s.committed || s.finished { // cannot happen: both end every opening hedge
+			s.hedgeEndLocked(s.a)
+			s.mu.Unlock()
+			return
+		}
+		if err != nil {
+			break
+		}
+		a.cs = cs
+		if replayed == len(s.ends) && closed == s.closeSent {
+			s.replayed, s.replayedSz = s.replayed+int64(replayed), s.replayedSz+replayedSz
+			h.opening = slices.DeleteFunc(h.opening, func(o *streamAttempt) bool { return o == a })
+			h.live = append(h.live, a)
+			h.changed.Broadcast()
+			go s.watchHedge(a)
+			s.hedgeArmLocked(h.delay)
+			s.mu.Unlock()
+			return
+		}
+		var (
+			msgs  []proto.Message
+			sizes []int
+		)
+		for i := replayed; i < len(s.ends) && err == nil; i++ {
+			var (
+				m  proto.Message
+				sz int
+			)
+			if m, sz, err = s.decodeLocked(i); err == nil {
+				msgs, sizes = append(msgs, m), append(sizes, sz)
+			}
+		}
+		closeNow := s.closeSent
+		s.mu.Unlock()
+		for i, m := range msgs {
+			if err = cs.SendMsg(m); err != nil {
+				break
+			}
+			replayed++
+			replayedSz += int64(sizes[i])
+		}
+		if err == nil && closeNow && !closed {
+			_ = cs.CloseSend() // gRPC's CloseSend always returns nil
+			closed = true
+		}
+		s.mu.Lock()
+	}
+	// It could not open, or it broke during its replay: judge it while it
+	// is still opening, so that the stream does not end meanwhile.
+	if cs != nil && err == io.EOF {
+		s.mu.Unlock()
+		end, headers := a.learnEnd()
+		s.mu.Lock()
+		if !slices.Contains(h.opening, a) {
+			s.mu.Unlock()
+			return
+		}
+		err = end
+		if headers || end == io.EOF {
+			h.opening = slices.DeleteFunc(h.opening, func(o *streamAttempt) bool { return o == a })
+			h.changed.Broadcast()
+			s.hedgeCommitLocked(a, true, false) // the server answered it
+			s.mu.Unlock()
+			return
+		}
+	} else if cs != nil {
+		a.clientErr = true // the client's own error, or a message it could not decode
+	}
+	h.opening = slices.DeleteFunc(h.opening, func(o *streamAttempt) bool { return o == a })
+	h.changed.Broadcast()
+	s.hedgeGoUnlock(s.hedgeFailedLocked(a, err))
+}
+
+// hedgeGoUnlock goes on after an attempt failed without an answer (over,
+// ferr and now as hedgeFailedLocked returns them): the stream ends, or the
+// next hedge goes now. It releases the lock, and opens that hedge.
+func (s *retryStream) hedgeGoUnlock(over bool, ferr error, now bool) {
+	var next *streamAttempt
+	if !over && now {
+		over, ferr, next = s.hedgeNextLocked()
+	}
+	if over {
+		s.finishUnlock(ferr, true)
+		return
+	}
+	s.mu.Unlock()
+	if next != nil {
+		s.openHedge(next)
 	}
 }
 
@@ -114,7 +260,7 @@ func (s *retryStream) hedgeNextLocked() (over bool, err error) {
 func (s *retryStream) hedgeExhaustedLocked() (over bool, err error) {
 	h := s.hedge
 	h.noMore = true
-	if len(h.live) > 0 {
+	if len(h.live) > 0 || len(h.opening) > 0 {
 		return false, nil
 	}
 	outcome := OutcomeExhausted
@@ -154,15 +300,7 @@ func (s *retryStream) watchHedge(a *streamAttempt) {
 		s.mu.Unlock()
 		return
 	}
-	over, err, now := s.hedgeFailedLocked(a, end)
-	if !over && now {
-		over, err = s.hedgeNextLocked()
-	}
-	if over {
-		s.finishUnlock(err, true)
-		return
-	}
-	s.mu.Unlock()
+	s.hedgeGoUnlock(s.hedgeFailedLocked(a, end))
 }
 
 // hedgeFailedLocked judges attempt a, which ended with err before any
@@ -249,6 +387,12 @@ func (s *retryStream) hedgeEndLocked(keep *streamAttempt) {
 		}
 	}
 	h.live = nil
+	for _, o := range h.opening {
+		s.endAttemptLocked(o, status.Error(codes.Canceled, "herdguard: another attempt answered first"))
+		o.release()
+	}
+	h.opening = nil
+	h.changed.Broadcast()
 	select {
 	case <-h.decided:
 	default:
@@ -281,11 +425,7 @@ func (s *retryStream) hedgeStopTimerLocked() {
 func (s *retryStream) hedgeTimer() {
 	s.mu.Lock()
 	s.hedge.armed = false
-	if over, err := s.hedgeNextLocked(); over {
-		s.finishUnlock(err, true)
-		return
-	}
-	s.mu.Unlock()
+	s.hedgeGoUnlock(false, nil, true)
 }
 
 // hedgeSendLocked sends m to every attempt in flight, after keeping it for
@@ -295,6 +435,8 @@ func (s *retryStream) hedgeSendLocked(m any) error {
 	h := s.hedge
 	s.bufferLocked(m)
 	if s.committed { // the buffer overflowed
+		// The attempts in flight have every message; one still opening
+		// would never get m.
 		if len(h.live) > 0 {
 			s.hedgeCommitLocked(h.live[0], false, true)
 		} else {
@@ -321,12 +463,38 @@ func (s *retryStream) hedgeSendLocked(m any) error {
 	return nil
 }
 
-// hedgeCommitNowLocked commits a hedged stream that has not answered yet to
-// its oldest attempt in flight (Context, Trailer).
-func (s *retryStream) hedgeCommitNowLocked() {
-	if h := s.hedge; len(h.live) > 0 {
-		s.hedgeCommitLocked(h.live[0], false, false)
+// hedgeCommitNowUnlock commits a hedged stream that has not answered yet
+// (Context, Trailer), as gRPC commits a stream to its current attempt: to
+// its oldest attempt in flight. With none in flight but a hedge opening, it
+// waits for that hedge; with none at all (every attempt failed, and the
+// next waits for a pushback's delay) the stream ends with the last failure,
+// as gRPC's would with a failed current attempt. No hedge starts after. It
+// releases the lock.
+func (s *retryStream) hedgeCommitNowUnlock() {
+	if !s.hedgeCommitOldestLocked() && !s.committed && !s.finished {
+		if over, err := s.hedgeExhaustedLocked(); over {
+			s.finishUnlock(err, true)
+			return
+		}
 	}
+	s.mu.Unlock()
+}
+
+// hedgeCommitOldestLocked commits the stream to its oldest attempt in
+// flight, waiting for a hedge being opened if no other is in flight. No
+// hedge starts after. It reports false if no attempt is in flight, or the
+// stream committed or ended while it waited.
+func (s *retryStream) hedgeCommitOldestLocked() bool {
+	h := s.hedge
+	h.noMore = true
+	for len(h.live) == 0 && len(h.opening) > 0 && !s.committed && !s.finished {
+		h.changed.Wait()
+	}
+	if s.committed || s.finished || len(h.live) == 0 {
+		return false
+	}
+	s.hedgeCommitLocked(h.live[0], false, false)
+	return true
 }
 
 // waitHedged waits, before commit, until a hedged stream commits or ends.

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard/internal/testserver"
@@ -485,4 +486,148 @@ func TestHedgedStreamGates(t *testing.T) {
 			sc.mu.Unlock()
 		}
 	})
+}
+
+// TestHedgeOpeningHoldsUpNoAnswer: a hedge that cannot open yet (the server
+// allows one stream at a time on the connection) does not hold up the first
+// attempt's answer, and is given up once that answer wins.
+func TestHedgeOpeningHoldsUpNoAnswer(t *testing.T) {
+	sc := newStreamScript()
+	release := make(chan struct{})
+	sc.on(1, func(ss grpc.ServerStream) error {
+		<-release // it answers after the hedging delay
+		for {
+			m := new(testgrpc.StreamingOutputCallRequest)
+			if err := ss.RecvMsg(m); err != nil {
+				return nil
+			}
+			if err := ss.SendMsg(&testgrpc.StreamingOutputCallResponse{Payload: m.GetPayload()}); err != nil {
+				return err
+			}
+		}
+	})
+	srv := testserver.Start(t, &testserver.Server{
+		Bidi: func(ss testgrpc.TestService_FullDuplexCallServer) error { return sc.serve(ss) },
+	}, grpc.MaxConcurrentStreams(1))
+	clk := newManualClock()
+	c := hedgedStreamClient(t, srv, clk, hedging(2))
+	s, err := c.FullDuplexCall(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload("x")}); err != nil {
+		t.Fatal(err)
+	}
+	sc.wait(t, 1)
+	clk.Advance(hedgeDelay) // the hedge waits for a free stream
+	close(release)
+	got := make(chan error, 1)
+	go func() {
+		r, err := s.Recv()
+		if err == nil && string(r.GetPayload().GetBody()) != "x" {
+			err = fmt.Errorf("received %q, want x", r.GetPayload().GetBody())
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("Recv: %v", err)
+		}
+	case <-time.After(callTimeout):
+		t.Fatal("the first attempt answered, but Recv waited on the hedge that could not open")
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != io.EOF {
+		t.Errorf("Recv at the end: %v, want io.EOF", err)
+	}
+	sc.none(t) // the hedge never reached the server
+}
+
+// TestHedgedStreamContextCommits: Context commits a hedged stream as gRPC
+// commits its current attempt. While an attempt is in flight, to it: no
+// hedge starts after, and the context stays alive with the stream. With
+// every attempt failed and the next waiting for a pushback, to the failed
+// one: the stream ends with its status, as gRPC's would, and no hedge
+// starts.
+func TestHedgedStreamContextCommits(t *testing.T) {
+	t.Run("an attempt in flight", func(t *testing.T) {
+		sc := newStreamScript()
+		srv, clk := startStreamScript(t, sc), newManualClock()
+		c := hedgedStreamClient(t, srv, clk, hedging(3))
+		ctx, cancel := context.WithCancel(ctxT(t))
+		defer cancel()
+		s, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc.wait(t, 1)
+		sctx := s.Context()
+		clk.Advance(time.Hour)
+		sc.none(t)
+		if sctx.Err() != nil {
+			t.Errorf("the committed stream's context ended: %v", sctx.Err())
+		}
+		cancel()
+		<-sctx.Done()
+	})
+	t.Run("waiting for a pushback", func(t *testing.T) {
+		sc := newStreamScript()
+		sc.on(1, func(ss grpc.ServerStream) error {
+			ss.SetTrailer(metadata.Pairs(PushbackTrailerKey, "1000"))
+			return status.Error(codes.Unavailable, "down")
+		})
+		sc.on(2, sendWords("x"))
+		srv, clk := startStreamScript(t, sc), newManualClock()
+		c := hedgedStreamClient(t, srv, clk, hedging(3, codes.Unavailable))
+		s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc.wait(t, 1)
+		clk.waitArmed(t, time.Second) // the pushback's wait
+		if ctx := s.Context(); ctx.Err() == nil {
+			t.Error("Context of a stream whose every attempt failed is alive; want its failed attempt's")
+		}
+		clk.Advance(time.Second)
+		sc.none(t)
+		if _, err := s.Recv(); status.Code(err) != codes.Unavailable {
+			t.Errorf("Recv: %v, want the failed attempt's Unavailable", err)
+		}
+	})
+}
+
+// TestHedgedStreamCallerCatchersGetTheWinners: as for unary calls, the
+// caller's Header, Trailer and Peer options get the winner's values.
+func TestHedgedStreamCallerCatchersGetTheWinners(t *testing.T) {
+	sc := newStreamScript()
+	sc.on(2, func(ss grpc.ServerStream) error {
+		_ = ss.SetHeader(metadata.Pairs("who", "hedge"))
+		ss.SetTrailer(metadata.Pairs("who-t", "hedge"))
+		return sendWords("h")(ss)
+	})
+	srv, clk := startStreamScript(t, sc), newManualClock()
+	c := hedgedStreamClient(t, srv, clk, hedging(2))
+	var (
+		header, trailer metadata.MD
+		p               peer.Peer
+	)
+	s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{}, grpc.Header(&header), grpc.Trailer(&trailer), grpc.Peer(&p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.wait(t, 1)
+	clk.Advance(hedgeDelay)
+	sc.wait(t, 2)
+	if words, err := recvAll(s.Recv); err != nil || !slices.Equal(words, []string{"h"}) {
+		t.Fatalf("received %q, %v", words, err)
+	}
+	if !slices.Equal(header.Get("who"), []string{"hedge"}) || !slices.Equal(trailer.Get("who-t"), []string{"hedge"}) || p.Addr == nil {
+		t.Errorf("header %v, trailer %v, peer %v; want the hedge's", header, trailer, p.Addr)
+	}
+	if err := sc.endedWith(t, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("the first attempt ended with %v, want cancelled", err)
+	}
 }
