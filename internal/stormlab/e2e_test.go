@@ -86,9 +86,11 @@ func TestOverloadScenarioShapes(t *testing.T) {
 	rs := runStrategies(t, sc, e2eScale, "exponential", "herdguard defaults", "herdguard + budget", "single attempt", "hedging at p95")
 	exp, hg, bud := rs["exponential"], rs["herdguard defaults"], rs["herdguard + budget"]
 	// Hedging on ends no worse than hedging off: no fewer calls through, no
-	// more attempts, no longer overload.
+	// more attempts, no longer overload. Calls through are compared to one
+	// capacity window: a herd that happens to straddle two windows gets up
+	// to twice the capacity through, whatever the strategy.
 	single, hedged := rs["single attempt"], rs["hedging at p95"]
-	if hedged.Succeeded < single.Succeeded*95/100 || hedged.Stats.Attempts > single.Stats.Attempts*105/100 ||
+	if hedged.Succeeded < single.Succeeded-sc.Faults.Capacity || hedged.Stats.Attempts > single.Stats.Attempts*105/100 ||
 		hedged.Stats.OverloadedMs > single.Stats.OverloadedMs*5/4+int64(e2eOverloadSlackMS) {
 		t.Errorf("hedging at p95: ok %d, %d attempts, overloaded %d ms; a single attempt: ok %d, %d attempts, %d ms: want no worse",
 			hedged.Succeeded, hedged.Stats.Attempts, hedged.Stats.OverloadedMs, single.Succeeded, single.Stats.Attempts, single.Stats.OverloadedMs)
