@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/budget"
 	"github.com/herdguard/herdguard/latency"
 )
@@ -35,14 +36,9 @@ import (
 type hedgeCall struct {
 	// c is a copy of the call, so that an unhedged call, which never gets
 	// here, does not escape to the heap.
-	c        unaryCall
-	ctx      context.Context
-	max      int
-	delay    time.Duration
-	window   *latency.Window  // nil: a fixed delay
-	hedges   *budget.Ratio    // the target's hedge budget, earned by successes
-	ratio    *budget.Ratio    // nil: no WithRetryBudget
-	throttle *budget.Throttle // nil: no throttling
+	c   unaryCall
+	ctx context.Context
+	hedgeRules
 	// catch is true when attempts catch their header and trailer: only a
 	// non-fatal code, throttling, or a caller who asked for them makes them
 	// matter, and gRPC copies what is caught.
@@ -110,23 +106,15 @@ func newHedgeCall() any {
 func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 	h := c.ic.hedgeCalls.Get().(*hedgeCall)
 	defer h.release(c.ic)
-	h.c, h.ctx, h.max = *c, ctx, maxAttempts
-	h.window, h.hedges = c.ic.window(c.p, c.method), c.ic.hedgeBudget(c.cc.Target())
+	h.c, h.ctx = *c, ctx
+	h.hedgeRules = c.ic.hedgeRulesFor(c.p, c.method, c.cc.Target(), c.lim, c.breaker, maxAttempts)
 	h.attempts = h.inline[:0]
-	h.ratio, h.throttle = nil, nil
-	if c.lim != nil {
-		h.ratio, h.throttle = c.lim.ratio, c.lim.throttle
-	}
 	h.opts, h.want = splitCatchers(c.buf.opts[:len(c.buf.opts)-catchers])
 	h.catch = c.p.nonFatal != 0 || h.throttle != nil || h.want.header != nil || h.want.trailer != nil
 	if m, ok := c.reply.(proto.Message); ok {
 		h.replyType = m.ProtoReflect().Type()
 	} else {
 		h.replyElem = reflect.TypeOf(c.reply).Elem()
-	}
-	h.delay = delayBeforeHedge(c.p, h.window)
-	if h.ratio != nil {
-		h.ratio.Call()
 	}
 
 	h.mu.Lock()
@@ -245,17 +233,7 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 	if err == nil && h.window != nil {
 		h.window.Record(elapsed) // an attempt cancelled as a loser ends with an error
 	}
-	c.ic.metering.attempt(h.ctx, c.method, status.Code(err), a.n > 1, a.n > 1)
-	if a.n > 1 {
-		c.ic.metering.hedge(h.ctx, c.method, won)
-	}
-	if a.span != nil {
-		if won {
-			a.span.SetAttributes(AttrHedgeWon.Bool(true))
-		}
-		st := status.Convert(err)
-		endAttempt(a.span, st.Code(), st.Message())
-	}
+	c.ic.attemptEnded(h.ctx, c.method, a.span, a.n, err, a.n > 1, won)
 }
 
 // judgeLocked decides the call on attempt a's end, or goes on hedging.
@@ -333,8 +311,7 @@ func (h *hedgeCall) decideLocked(a *hedgeAttempt, err error, outcome Outcome) {
 }
 
 // hedgeLocked sends the next hedge, if the call is undecided, attempts
-// remain, and the throttling and the budget allow it; then it arms the
-// timer for the one after.
+// remain, and the rules allow it; then it arms the timer for the one after.
 func (h *hedgeCall) hedgeLocked() {
 	if h.decided || h.noMore || len(h.attempts) >= h.max {
 		return
@@ -343,21 +320,8 @@ func (h *hedgeCall) hedgeLocked() {
 		h.noMore = true
 		return
 	}
-	switch {
-	case h.c.breaker != nil && !h.c.breaker.Calm():
-		h.refuseLocked("breaker") // the server shows failures: no more load
-		return
-	case h.throttle != nil && !h.throttle.Allowed():
-		h.refuseLocked("throttling")
-		return
-	case !h.hedges.Allowed():
-		h.refuseLocked("hedge_budget")
-		return
-	case h.ratio != nil && !h.ratio.TryRetry():
-		h.refuseLocked("ratio")
-		return
-	case !h.hedges.TryRetry(): // only if another call took the last room meanwhile
-		h.refuseLocked("hedge_budget")
+	if kind := h.refusal(); kind != "" {
+		h.refuseLocked(kind)
 		return
 	}
 	a := h.newAttemptLocked(len(h.attempts) + 1)
@@ -445,6 +409,60 @@ func hedgeable(reply any) bool {
 	}
 	t := reflect.TypeOf(reply)
 	return t != nil && t.Kind() == reflect.Pointer
+}
+
+// hedgeRules decide when a hedged call's or stream's next hedge goes, and
+// whether it may.
+type hedgeRules struct {
+	max      int
+	delay    time.Duration
+	window   *latency.Window  // nil: a fixed delay
+	hedges   *budget.Ratio    // the target's hedge budget, earned by successes
+	ratio    *budget.Ratio    // nil: no WithRetryBudget
+	throttle *budget.Throttle // nil: no throttling
+	breaker  *breaker.Breaker // nil: none
+}
+
+// hedgeRulesFor returns the rules of a call to target's method under p, of
+// at most max attempts, through breaker b (nil: none); the call counts in
+// the retry budget, if on. The delay is the quantile of the method's
+// recent latencies, if p asks for one, never below p's Delay.
+func (ic *Interceptor) hedgeRulesFor(p *resolved, method, target string, lim *limits, b *breaker.Breaker, max int) hedgeRules {
+	r := hedgeRules{max: max, window: ic.window(p, method), hedges: ic.hedgeBudget(target), breaker: b}
+	if lim != nil {
+		r.ratio, r.throttle = lim.ratio, lim.throttle
+	}
+	var q time.Duration
+	known := false
+	if r.window != nil {
+		q, known = r.window.Quantile()
+	}
+	r.delay = p.p.Hedging.HedgeDelay(q, known)
+	if r.ratio != nil {
+		r.ratio.Call()
+	}
+	return r
+}
+
+// refusal returns what refuses the next hedge now ("breaker": the server
+// shows failures; "throttling", "hedge_budget" or "ratio"), or "" if it
+// may go, and is then counted in the budgets. The hedge budget is only
+// peeked at before the retry budget is asked, so that a hedge the retry
+// budget refuses costs none of it.
+func (r *hedgeRules) refusal() string {
+	switch {
+	case r.breaker != nil && !r.breaker.Calm():
+		return "breaker"
+	case r.throttle != nil && !r.throttle.Allowed():
+		return "throttling"
+	case !r.hedges.Allowed():
+		return "hedge_budget"
+	case r.ratio != nil && !r.ratio.TryRetry():
+		return "ratio"
+	case !r.hedges.TryRetry(): // only if another call took the last room meanwhile
+		return "hedge_budget"
+	}
+	return ""
 }
 
 // callerCatchers are where a caller's Header, Trailer and Peer call options

@@ -3,7 +3,6 @@ package interceptor
 import (
 	"strings"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -113,18 +112,6 @@ func (ic *Interceptor) window(r *resolved, method string) *latency.Window {
 		return nil
 	}
 	return ic.windows.Get(windowKey{method, q}, func() *latency.Window { return latency.New(q, policy.HedgeSamples) })
-}
-
-// delayBeforeHedge returns the wait before each hedge of a call under r: the
-// quantile of the method's recent latencies in w (nil: none), never below
-// the policy's Delay.
-func delayBeforeHedge(r *resolved, w *latency.Window) time.Duration {
-	var q time.Duration
-	known := false
-	if w != nil {
-		q, known = w.Quantile()
-	}
-	return r.p.Hedging.HedgeDelay(q, known)
 }
 
 // hedgeBudget returns the budget of a target's hedges (WithHedgeBudget),

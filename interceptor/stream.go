@@ -854,19 +854,7 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		return
 	}
 	a.ended = true
-	hedge := s.hedge != nil && a.n > 1
-	won := s.hedge != nil && s.hedge.winner == a.n
-	s.ic.metering.attempt(s.ctx, s.method, status.Code(err), a.n > 1, hedge)
-	if hedge {
-		s.ic.metering.hedge(s.ctx, s.method, won)
-	}
-	if a.span != nil {
-		if won {
-			a.span.SetAttributes(AttrHedgeWon.Bool(true))
-		}
-		st := status.Convert(err)
-		endAttempt(a.span, st.Code(), st.Message())
-	}
+	s.ic.attemptEnded(s.ctx, s.method, a.span, a.n, err, s.hedge != nil && a.n > 1, s.hedge != nil && s.hedge.winner == a.n)
 }
 
 func (s *retryStream) endSpan(err error) {

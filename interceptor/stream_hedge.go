@@ -11,9 +11,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/herdguard/herdguard/budget"
-	"github.com/herdguard/herdguard/latency"
 )
 
 // streamHedge is what a hedged stream (gRFC A6 hedging) keeps until it
@@ -29,13 +26,8 @@ import (
 // overflows (or the caller calls Context), the stream commits to its oldest
 // attempt in flight, which has every message, and no hedge starts.
 type streamHedge struct {
-	max      int
-	delay    time.Duration
-	window   *latency.Window  // nil: a fixed delay
-	hedges   *budget.Ratio    // the target's hedge budget, earned by successes
-	ratio    *budget.Ratio    // nil: no WithRetryBudget
-	throttle *budget.Throttle // nil: no throttling
-	decided  chan struct{}    // closed once the stream commits or ends
+	hedgeRules
+	decided chan struct{} // closed once the stream commits or ends
 
 	// want are where the caller's Header, Trailer and Peer options point;
 	// the stream's attempts run without them, and the stream fills them
@@ -58,15 +50,8 @@ type streamHedge struct {
 
 // newHedge makes a hedged stream's state.
 func (s *retryStream) newHedge() *streamHedge {
-	h := &streamHedge{max: s.maxAttempts, decided: make(chan struct{}),
-		window: s.ic.window(s.p, s.method), hedges: s.ic.hedgeBudget(s.cc.Target())}
-	if s.bs.lim != nil {
-		h.ratio, h.throttle = s.bs.lim.ratio, s.bs.lim.throttle
-	}
-	h.delay = delayBeforeHedge(s.p, h.window)
-	if h.ratio != nil {
-		h.ratio.Call()
-	}
+	h := &streamHedge{decided: make(chan struct{}),
+		hedgeRules: s.ic.hedgeRulesFor(s.p, s.method, s.cc.Target(), s.bs.lim, s.breaker, s.maxAttempts)}
 	s.opts, h.want = splitCatchers(s.opts)
 	h.changed = sync.NewCond(&s.mu)
 	return h
@@ -91,19 +76,7 @@ func (s *retryStream) hedgeNextLocked() (over bool, err error, next *streamAttem
 			return over, err, nil
 		}
 		if s.attempts > 0 {
-			switch {
-			case s.breaker != nil && !s.breaker.Calm():
-				h.refused = "breaker" // the server shows failures
-			case h.throttle != nil && !h.throttle.Allowed():
-				h.refused = "throttling"
-			case !h.hedges.Allowed():
-				h.refused = "hedge_budget"
-			case h.ratio != nil && !h.ratio.TryRetry():
-				h.refused = "ratio"
-			case !h.hedges.TryRetry(): // only if another stream took the last room meanwhile
-				h.refused = "hedge_budget"
-			}
-			if h.refused != "" {
+			if h.refused = h.refusal(); h.refused != "" {
 				h.noMore = true
 				s.ic.metering.refusal(s.ctx, s.method, h.refused)
 				over, err = s.hedgeExhaustedLocked()

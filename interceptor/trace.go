@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
@@ -138,6 +139,23 @@ func endCall(span trace.Span, attempts int, outcome Outcome, code codes.Code, ms
 
 func startAttempt(ctx context.Context, tr trace.Tracer, attempt int) (context.Context, trace.Span) {
 	return tr.Start(ctx, SpanAttempt, trace.WithAttributes(AttrAttempt.Int(attempt)))
+}
+
+// attemptEnded counts attempt n of a call to method, which ended with err,
+// and ends its span (nil when tracing is off). hedge says the attempt was a
+// hedge, and won that its answer decided a hedged call.
+func (ic *Interceptor) attemptEnded(ctx context.Context, method string, span trace.Span, n int, err error, hedge, won bool) {
+	ic.metering.attempt(ctx, method, status.Code(err), n > 1, hedge)
+	if hedge {
+		ic.metering.hedge(ctx, method, won)
+	}
+	if span != nil {
+		if won {
+			span.SetAttributes(AttrHedgeWon.Bool(true))
+		}
+		st := status.Convert(err)
+		endAttempt(span, st.Code(), st.Message())
+	}
 }
 
 func endAttempt(span trace.Span, code codes.Code, msg string) {

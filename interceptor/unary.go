@@ -269,11 +269,7 @@ func (c *unaryCall) attempt(ctx context.Context, n int, catch bool) attemptEnd {
 		opts = opts[:len(opts)-catchers]
 	}
 	end.err = c.invoker(ctx, c.method, c.req, c.reply, c.cc, opts...)
-	if span != nil {
-		st := status.Convert(end.err)
-		endAttempt(span, st.Code(), st.Message())
-	}
-	c.ic.metering.attempt(ctx, c.method, status.Code(end.err), n > 1, false)
+	c.ic.attemptEnded(ctx, c.method, span, n, end.err, false, false)
 	if end.err != nil {
 		end.timedOut = end.timedOut && status.Code(end.err) == codes.DeadlineExceeded
 		end.trailer, end.headers = c.buf.trailer, c.buf.header != nil
