@@ -91,10 +91,24 @@ func (c *manualClock) Armed() []time.Duration {
 // waitArmed waits until a timer has been set to d.
 func (c *manualClock) waitArmed(t *testing.T, d time.Duration) {
 	t.Helper()
+	eventually(t, fmt.Sprintf("a timer set to %v", d), func() (struct{}, bool) {
+		return struct{}{}, slices.Contains(c.Armed(), d)
+	})
+}
+
+// eventually polls f until it reports ok, for at most callTimeout, and
+// returns its value; it fails the test, naming what it waited for, if f
+// never does. It waits on goroutines the test does not control, such as a
+// server's handler noticing its context ended.
+func eventually[T any](t *testing.T, what string, f func() (T, bool)) T {
+	t.Helper()
 	deadline := time.Now().Add(callTimeout)
-	for !slices.Contains(c.Armed(), d) {
+	for {
+		if v, ok := f(); ok {
+			return v
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no timer was set to %v; set: %v", d, c.Armed())
+			t.Fatalf("waited %v for %s", callTimeout, what)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -201,18 +215,12 @@ func (h *hedgeServer) waitArrival(t *testing.T, want int) {
 // returns how it ended.
 func (h *hedgeServer) waitEnded(t *testing.T, n int) error {
 	t.Helper()
-	deadline := time.Now().Add(callTimeout)
-	for time.Now().Before(deadline) {
+	return eventually(t, fmt.Sprintf("attempt %d to end at the server", n), func() (error, bool) {
 		h.mu.Lock()
+		defer h.mu.Unlock()
 		err, ok := h.ended[n]
-		h.mu.Unlock()
-		if ok {
-			return err
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatalf("attempt %d never ended at the server", n)
-	return nil
+		return err, ok
+	})
 }
 
 // noArrival checks that no attempt reaches the server for a while.
@@ -517,7 +525,7 @@ func TestHedgeBreakerCountsOneCallAndProbesAlone(t *testing.T) {
 	srv.on(1, failWith(codes.Unavailable, ""))
 	srv.on(2, failWith(codes.Unavailable, ""))
 	srv.on(3, failWith(codes.Unavailable, ""))
-	done, ic := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable), WithBreaker(breaker.Settings{ConsecutiveFailures: 2}))
+	done, ic := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable), WithBreaker(breaker.Settings{ConsecutiveFailures: 2, OpenTimeout: 50 * ms}))
 	for n := 1; n <= 3; n++ {
 		srv.waitArrival(t, n)
 	}
@@ -525,6 +533,43 @@ func TestHedgeBreakerCountsOneCallAndProbesAlone(t *testing.T) {
 	b := ic.Breakers().Get(testserver.Target, testserver.MethodUnary)
 	if c := b.Counts(); c.ConsecutiveFailures != 1 || b.State() != breaker.Closed {
 		t.Fatalf("after one hedged call of 3 failed attempts: %v with %+v; want closed with a run of 1", b.State(), c)
+	}
+
+	// A second failed call opens it; once half-open, the probe is a single
+	// attempt that no hedge follows, however long it takes.
+	c := srv.Client(t, ic.DialOptions()...)
+	srv.on(1, failWith(codes.Internal, "")) // fatal at once, a failure for the breaker
+	if _, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{}); status.Code(err) != codes.Internal {
+		t.Fatalf("second call: %v", err)
+	}
+	srv.waitArrival(t, 1)
+	if b.State() != breaker.Open {
+		t.Fatalf("breaker %v after two failed calls, want open", b.State())
+	}
+	waitHalfOpen(t, b)
+	armed := len(clk.Armed())
+	release := make(chan struct{})
+	srv.on(1, func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
+		<-release // slower than any hedging delay
+		return reply("probe")(ctx)
+	})
+	probe := make(chan result, 1)
+	go func() {
+		r, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{})
+		probe <- result{r, err}
+	}()
+	srv.waitArrival(t, 1)
+	clk.Advance(time.Hour)
+	srv.noArrival(t)
+	close(release)
+	if r := waitResult(t, probe); r.err != nil || r.r.GetUsername() != "probe" {
+		t.Fatalf("probe: %v", r)
+	}
+	if got := len(clk.Armed()); got != armed {
+		t.Errorf("the probe set %d hedge timers, want none", got-armed)
+	}
+	if b.State() != breaker.Closed {
+		t.Errorf("breaker %v after a good probe, want closed", b.State())
 	}
 }
 

@@ -82,18 +82,12 @@ func (s *streamScript) none(t *testing.T) {
 
 func (s *streamScript) endedWith(t *testing.T, n int) error {
 	t.Helper()
-	deadline := time.Now().Add(callTimeout)
-	for time.Now().Before(deadline) {
+	return eventually(t, fmt.Sprintf("attempt %d to end at the server", n), func() (error, bool) {
 		s.mu.Lock()
+		defer s.mu.Unlock()
 		err, ok := s.ended[n]
-		s.mu.Unlock()
-		if ok {
-			return err
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatalf("attempt %d never ended", n)
-	return nil
+		return err, ok
+	})
 }
 
 // readAll reads a client stream or bidi to its end, keeping the bodies.
