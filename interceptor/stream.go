@@ -763,18 +763,12 @@ func (s *retryStream) commitNow() *streamAttempt {
 	return s.a
 }
 
-// finish records the stream's final status once: for the breaker, on the
-// span, and by releasing the buffer and the current attempt.
-func (s *retryStream) finish(err error) {
-	s.mu.Lock()
-	s.finishUnlock(err, true)
-}
-
-// finishUnlock is finish for a caller that holds the lock, which it
-// releases. The stream is marked ended before the lock is released, so that
-// no other goroutine can find it given up but not ended, with a current
-// attempt that never opened. release is false when the caller's context
-// ended, which ends the current attempt by itself.
+// finishUnlock records the stream's final status once: for the breaker, on
+// the span, and by releasing the buffer and the current attempt. The caller
+// holds the lock, which it releases. The stream is marked ended before the
+// lock is released, so that no other goroutine can find it given up but
+// not ended, with a current attempt that never opened. release is false
+// when the caller's context ended, which ends the current attempt by itself.
 func (s *retryStream) finishUnlock(err error, release bool) {
 	if s.finished {
 		s.mu.Unlock()
