@@ -134,11 +134,7 @@ func (s *retryStream) openHedge(a *streamAttempt) {
 	s.mu.Lock()
 	for {
 		if !slices.Contains(h.opening, a) {
-			s.mu.Unlock() // the stream moved on, and ended a
-			return
-		}
-		if s.committed || s.finished { // cannot happen: both end every opening hedge
-			s.hedgeEndLocked(s.a)
+			// The stream committed or ended: hedgeEndLocked ended a.
 			s.mu.Unlock()
 			return
 		}
