@@ -207,7 +207,7 @@ func (h *hedgeCall) run(a *hedgeAttempt) error {
 	c := &h.c
 	ctx := a.ctx
 	if c.tracer != nil {
-		ctx, a.span = startAttempt(ctx, c.tracer, a.n)
+		ctx, a.span = startAttempt(ctx, c.tracer, c.method, a.n)
 		if a.n > 1 {
 			a.span.SetAttributes(AttrHedge.Bool(true))
 		}

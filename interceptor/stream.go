@@ -154,7 +154,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	s := &retryStream{ic: ic, p: p, tracer: ic.tracing.tracer(), desc: desc, cc: cc, method: method,
 		streamer: streamer, opts: opts, limit: limit}
 	if s.tracer != nil {
-		ctx, s.span = startCall(ctx, s.tracer, method)
+		ctx, s.span = startCall(ctx, s.tracer, method, targetOf(cc))
 	}
 	s.ctx = ctx
 	if err != nil {
@@ -267,7 +267,7 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 		})
 	}
 	if s.tracer != nil {
-		ctx, a.span = startAttempt(ctx, s.tracer, a.n)
+		ctx, a.span = startAttempt(ctx, s.tracer, s.method, a.n)
 	}
 	cs, err := s.streamer(ctx, s.desc, s.cc, s.method, s.opts...)
 	if err != nil {

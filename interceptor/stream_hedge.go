@@ -111,7 +111,7 @@ func (s *retryStream) readyHedgeLocked() *streamAttempt {
 	ctx := s.numbers.context(s.ctx, a.n, s.maxAttempts)
 	ctx, a.cancel = context.WithCancelCause(ctx)
 	if s.tracer != nil {
-		ctx, a.span = startAttempt(ctx, s.tracer, a.n)
+		ctx, a.span = startAttempt(ctx, s.tracer, s.method, a.n)
 		a.span.SetAttributes(AttrHedge.Bool(true))
 	}
 	a.openCtx = ctx

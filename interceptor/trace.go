@@ -2,7 +2,10 @@ package interceptor
 
 import (
 	"context"
+	"net"
 	"reflect"
+	"strconv"
+	"strings"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -10,6 +13,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -116,29 +120,74 @@ func comparable(p any) bool {
 	return t == nil || t.Comparable()
 }
 
-// startCall starts the call span.
-func startCall(ctx context.Context, tr trace.Tracer, method string) (context.Context, trace.Span) {
+// startCall starts the call span of a call to method on target (the
+// connection's target, "" when unknown).
+func startCall(ctx context.Context, tr trace.Tracer, method, target string) (context.Context, trace.Span) {
 	name := trimSlash(method)
-	return tr.Start(ctx, name,
-		trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(semconv.RPCSystemNameGRPC, semconv.RPCMethod(name)))
+	attrs := [4]attribute.KeyValue{semconv.RPCSystemNameGRPC, semconv.RPCMethod(name)}
+	n := 2
+	if host, port := serverAddress(target); host != "" {
+		attrs[n] = semconv.ServerAddress(host)
+		n++
+		if port > 0 {
+			attrs[n] = semconv.ServerPort(port)
+			n++
+		}
+	}
+	return tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs[:n]...))
+}
+
+// serverAddress returns the host (or socket path) and port that a gRPC
+// target names, for server.address and server.port: "host:port",
+// "dns:///host:port", "dns://resolver/host:port", "unix:///path" or
+// "unix:path" (no port). port is 0 when the target names none; host is ""
+// when target is.
+func serverAddress(target string) (host string, port int) {
+	scheme, rest, ok := strings.Cut(target, ":")
+	switch {
+	case !ok:
+		return target, 0
+	case scheme == "unix" || scheme == "unix-abstract":
+		if path, ok := strings.CutPrefix(rest, "//"); ok {
+			// unix://authority/path: the authority is empty in practice.
+			_, path, _ = strings.Cut(path, "/")
+			return "/" + path, 0
+		}
+		return rest, 0
+	}
+	endpoint := target
+	if after, ok := strings.CutPrefix(rest, "//"); ok && !strings.Contains(scheme, ".") && !strings.Contains(scheme, "[") {
+		// scheme://authority/endpoint
+		_, endpoint, _ = strings.Cut(after, "/")
+	}
+	h, p, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		return endpoint, 0
+	}
+	if n, err := strconv.Atoi(p); err == nil && n > 0 && n < 1<<16 {
+		port = n
+	}
+	return h, port
 }
 
 // endCall records the call's result on its span and ends it.
 func endCall(span trace.Span, attempts int, outcome Outcome, code codes.Code, msg string) {
+	name := canonicalCode(code)
 	span.SetAttributes(
 		AttrAttempts.Int(attempts),
 		AttrOutcome.String(string(outcome)),
-		semconv.RPCResponseStatusCode(canonicalCode(code)),
+		semconv.RPCResponseStatusCode(name),
 	)
 	if code != codes.OK {
+		span.SetAttributes(semconv.ErrorTypeKey.String(name))
 		span.SetStatus(otelcodes.Error, msg)
 	}
 	span.End()
 }
 
-func startAttempt(ctx context.Context, tr trace.Tracer, attempt int) (context.Context, trace.Span) {
-	return tr.Start(ctx, SpanAttempt, trace.WithAttributes(AttrAttempt.Int(attempt)))
+// startAttempt starts the span of attempt number attempt of a call to method.
+func startAttempt(ctx context.Context, tr trace.Tracer, method string, attempt int) (context.Context, trace.Span) {
+	return tr.Start(ctx, SpanAttempt, trace.WithAttributes(semconv.RPCMethod(trimSlash(method)), AttrAttempt.Int(attempt)))
 }
 
 // attemptEnded counts attempt n of a call to method, which ended with err,
@@ -159,8 +208,10 @@ func (ic *Interceptor) attemptEnded(ctx context.Context, method string, span tra
 }
 
 func endAttempt(span trace.Span, code codes.Code, msg string) {
-	span.SetAttributes(semconv.RPCResponseStatusCode(canonicalCode(code)))
+	name := canonicalCode(code)
+	span.SetAttributes(semconv.RPCResponseStatusCode(name))
 	if code != codes.OK {
+		span.SetAttributes(semconv.ErrorTypeKey.String(name))
 		span.SetStatus(otelcodes.Error, msg)
 	}
 	span.End()
@@ -188,3 +239,12 @@ func breakerChanged(span trace.Span, scope string, from, to breaker.State) {
 // canonicalCode returns the status code's name as gRPC's spec spells it,
 // which is what rpc.response.status_code carries.
 func canonicalCode(c codes.Code) string { return herdguard.CodeName(c) }
+
+// targetOf returns cc's target, or "" when there is no connection (an
+// invoker called directly, as in tests and benchmarks).
+func targetOf(cc *grpc.ClientConn) string {
+	if cc == nil {
+		return ""
+	}
+	return cc.Target()
+}

@@ -2,6 +2,8 @@ package interceptor
 
 import (
 	"context"
+	"io"
+	"net"
 	"testing"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -13,7 +15,9 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/testserver"
@@ -279,5 +283,113 @@ func TestNoopProviderIsOff(t *testing.T) {
 	never := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
 	if !makesSpans(never.Tracer("")) {
 		t.Error("makesSpans = false for an SDK that samples nothing")
+	}
+}
+
+func TestServerAddress(t *testing.T) {
+	tests := []struct {
+		target string
+		host   string
+		port   int
+	}{
+		{"127.0.0.1:7000", "127.0.0.1", 7000},
+		{"localhost:50051", "localhost", 50051},
+		{"[::1]:443", "::1", 443},
+		{"dns:///example.com:443", "example.com", 443},
+		{"dns://8.8.8.8/example.com:8443", "example.com", 8443},
+		{"passthrough:///bufnet", "bufnet", 0},
+		{"xds:///payments", "payments", 0},
+		{"unix:///tmp/grpc.sock", "/tmp/grpc.sock", 0},
+		{"unix:relative.sock", "relative.sock", 0},
+		{"unix-abstract:herd", "herd", 0},
+		{"example.com", "example.com", 0},
+		{"example.com:http", "example.com", 0},
+		{"", "", 0},
+	}
+	for _, tt := range tests {
+		host, port := serverAddress(tt.target)
+		if host != tt.host || port != tt.port {
+			t.Errorf("serverAddress(%q) = %q, %d; want %q, %d", tt.target, host, port, tt.host, tt.port)
+		}
+	}
+}
+
+// TestSpanRPCAttributes checks the RPC client span conventions on a real
+// connection over 127.0.0.1: server.address and server.port on the call
+// span of a unary call and of a stream, error.type on a failed call and
+// attempt only, and rpc.method on every attempt.
+func TestSpanRPCAttributes(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := fail(codes.Unavailable, codes.OK, codes.NotFound)
+	g := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(g, &testserver.Server{Unary: sc.unary, Empty: sc.empty,
+		Bidi: func(testgrpc.TestService_FullDuplexCallServer) error { return nil }})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	defer func() { g.Stop(); <-done }()
+	port := lis.Addr().(*net.TCPAddr).Port
+
+	rec, tp := newRecorder()
+	ic, err := New(withClock(newFakeClock()), withRand(fixedRand(0.5)), WithPolicy(tablePolicy), WithTracerProvider(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(lis.Addr().String(), append(ic.DialOptions(), grpc.WithTransportCredentials(insecureCreds()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c := testgrpc.NewTestServiceClient(cc)
+	if err := call(t, c); err != nil { // attempts: UNAVAILABLE, OK
+		t.Fatal(err)
+	}
+	if err := call(t, c); status.Code(err) != codes.NotFound {
+		t.Fatalf("second call: %v, want NotFound", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	st, err := c.FullDuplexCall(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != io.EOF {
+		t.Fatalf("Recv: %v, want EOF", err)
+	}
+
+	spans := rec.Ended()
+	calls := append(spansNamed(spans, "grpc.testing.TestService/UnaryCall"), spansNamed(spans, "grpc.testing.TestService/FullDuplexCall")...)
+	if len(calls) != 3 {
+		t.Fatalf("%d call spans, want 3", len(calls))
+	}
+	for i, cs := range calls {
+		a := attrs(cs)
+		if a["server.address"].AsString() != "127.0.0.1" || a["server.port"].AsInt64() != int64(port) {
+			t.Errorf("call span %d: server.address %v, server.port %v; want 127.0.0.1, %d", i, a["server.address"], a["server.port"], port)
+		}
+		wantErr := map[int]string{1: "NOT_FOUND"}[i]
+		if got, ok := a["error.type"]; ok != (wantErr != "") || got.AsString() != wantErr {
+			t.Errorf("call span %d: error.type %v (set: %v), want %q", i, got.AsString(), ok, wantErr)
+		}
+	}
+	attempts := spansNamed(spans, SpanAttempt)
+	if len(attempts) != 4 {
+		t.Fatalf("%d attempt spans, want 4", len(attempts))
+	}
+	for _, s := range attempts {
+		a := attrs(s)
+		method := a["rpc.method"].AsString()
+		if method != "grpc.testing.TestService/UnaryCall" && method != "grpc.testing.TestService/FullDuplexCall" {
+			t.Errorf("attempt span has rpc.method %q", method)
+		}
+		code := a["rpc.response.status_code"].AsString()
+		if got, ok := a["error.type"]; ok != (code != "OK") || (ok && got.AsString() != code) {
+			t.Errorf("attempt with status %s has error.type %q (set: %v)", code, got.AsString(), ok)
+		}
 	}
 }

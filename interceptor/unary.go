@@ -79,7 +79,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	tracer := ic.tracing.tracer()
 	var span trace.Span
 	if tracer != nil {
-		ctx, span = startCall(ctx, tracer, method)
+		ctx, span = startCall(ctx, tracer, method, targetOf(cc))
 	}
 	if err != nil {
 		err = status.Error(codes.InvalidArgument, err.Error())
@@ -261,7 +261,7 @@ func (c *unaryCall) attempt(ctx context.Context, n int, catch bool) attemptEnd {
 	}
 	var span trace.Span
 	if c.tracer != nil {
-		ctx, span = startAttempt(ctx, c.tracer, n)
+		ctx, span = startAttempt(ctx, c.tracer, c.method, n)
 	}
 	c.buf.header, c.buf.trailer, c.buf.peer = nil, nil, peer.Peer{}
 	opts := c.buf.opts
