@@ -253,6 +253,9 @@ func (r Result) Percentile(q float64) time.Duration {
 type Runner struct {
 	Addr           string               // the server, host:port on loopback
 	TracerProvider trace.TracerProvider // nil: the global provider
+	// DialOptions are added to the connection the calls go through, after
+	// the client's own (for instance [ClientTracing]).
+	DialOptions []grpc.DialOption
 	// OnProgress, if set, is called when a run starts and ends.
 	OnProgress func(scenario, strategy string, done bool)
 }
@@ -296,6 +299,7 @@ func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial [
 	defer control.Close()
 	ctl := demov1.NewGatewayServiceClient(control)
 
+	dial = append(dial[:len(dial):len(dial)], r.DialOptions...)
 	cc, err := grpc.NewClient(r.Addr, append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return res, err

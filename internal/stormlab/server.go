@@ -168,9 +168,10 @@ func (s *Server) reset(f Faults) {
 }
 
 // Register adds the gateway and its fault-injecting, counting interceptors
-// to a new gRPC server.
-func (s *Server) Register() *grpc.Server {
-	g := grpc.NewServer(grpc.ChainUnaryInterceptor(s.unaryFaults), grpc.ChainStreamInterceptor(s.streamFaults))
+// to a new gRPC server made with opts (for instance [ServerTracing]).
+func (s *Server) Register(opts ...grpc.ServerOption) *grpc.Server {
+	opts = append(opts[:len(opts):len(opts)], grpc.ChainUnaryInterceptor(s.unaryFaults), grpc.ChainStreamInterceptor(s.streamFaults))
+	g := grpc.NewServer(opts...)
 	demov1.RegisterGatewayServiceServer(g, s)
 	return g
 }
