@@ -4,11 +4,18 @@
 //
 //	demo-server -addr 127.0.0.1:0 -fail-rate 0.3
 //	demo-server -capacity 150 -recover-after 500ms
+//	demo-server -otlp 127.0.0.1:4317
+//
+// With -otlp, every call to the gateway is traced with otelgrpc's server
+// handler, under the trace context the client sent (W3C Trace Context),
+// and exported as service "demo-server" (OTEL_SERVICE_NAME overrides it).
 //
 // The client may replace the faults at each reset (the ResetStats call).
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -17,6 +24,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/herdguard/herdguard/internal/stormlab"
 )
@@ -27,6 +36,7 @@ func main() {
 	var (
 		addr     = flag.String("addr", "127.0.0.1:0", "listen address on loopback; port 0 picks one and prints it")
 		addrFile = flag.String("addr-file", "", "also write the address to this file once listening")
+		otlp     = flag.String("otlp", "", "trace every call and export the spans over OTLP gRPC to this collector on loopback (host:port)")
 		f        stormlab.Faults
 	)
 	flag.Float64Var(&f.FailRate, "fail-rate", 0, "fail each attempt with Unavailable with this probability")
@@ -39,28 +49,37 @@ func main() {
 	flag.DurationVar(&f.Window, "window", stormlab.DefaultWindow, "width of the counting windows")
 	flag.Parse()
 
-	if err := run(*addr, *addrFile, f); err != nil {
+	if err := run(*addr, *addrFile, *otlp, f); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(addr, addrFile string, f stormlab.Faults) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("-addr %q: %w", addr, err)
-	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return fmt.Errorf("-addr %q: the demo listens on loopback only", addr)
+func run(addr, addrFile, otlp string, f stormlab.Faults) (err error) {
+	if err := stormlab.CheckLoopback(addr); err != nil {
+		return fmt.Errorf("-addr: %w", err)
 	}
 	srv, err := stormlab.NewServer(f)
 	if err != nil {
 		return err
 	}
+	var opts []grpc.ServerOption
+	if otlp != "" {
+		exp, tp, err := stormlab.NewExporter(context.Background(), "demo-server", otlp)
+		if err != nil {
+			return fmt.Errorf("-otlp: %w", err)
+		}
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err = errors.Join(err, exp.Shutdown(ctx))
+		}()
+		opts = append(opts, stormlab.ServerTracing(tp))
+	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	g := srv.Register()
+	g := srv.Register(opts...)
 	fmt.Printf("demo-server listening on %s\n", lis.Addr())
 	if addrFile != "" {
 		if err := os.WriteFile(addrFile, []byte(lis.Addr().String()), 0o600); err != nil {
