@@ -4,6 +4,14 @@
 //
 //	demo-client -addr 127.0.0.1:7000 -compare -scale 5 -svg storm.svg
 //	demo-client -addr 127.0.0.1:7000 -strategy "exponential + full jitter" -trace
+//	demo-client -addr 127.0.0.1:7000 -otlp 127.0.0.1:4317 -jaeger http://127.0.0.1:16686 -trace-svg call.svg
+//
+// With -trace or -otlp, every call is traced: herdguard's call, attempt and
+// backoff spans, otelgrpc's client span under each attempt, and the W3C
+// trace context sent to the server, so a traced demo-server's spans join
+// the same trace. Spans are exported as service "demo-client"
+// (OTEL_SERVICE_NAME overrides it), and every call span names the scenario
+// and strategy it ran in (stormlab.scenario, stormlab.strategy).
 //
 // -scale divides every duration (waits, windows, outages) so a comparison
 // fits in about a minute; -scale 1 reproduces the published times.
@@ -11,26 +19,23 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"os"
 	"os/signal"
 	"strings"
 	"time"
 
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/grpc"
 
 	"github.com/herdguard/herdguard/internal/stormlab"
 )
 
 type options struct {
 	addr, strategy, scenario, svg, otlp string
+	traceSVG, jaeger                    string
 	calls, attempts, samples, width     int
 	base                                time.Duration
 	scale                               float64
@@ -53,6 +58,8 @@ func main() {
 	flag.BoolVar(&o.trace, "trace", false, "print the span tree of a sample of retried calls")
 	flag.IntVar(&o.samples, "trace-samples", 1, "how many calls per strategy -trace prints")
 	flag.StringVar(&o.otlp, "otlp", "", "export spans over OTLP gRPC to this collector on loopback (host:port)")
+	flag.StringVar(&o.traceSVG, "trace-svg", "", "draw one retried call as a waterfall of its spans into this SVG file")
+	flag.StringVar(&o.jaeger, "jaeger", "", "with -otlp and -trace-svg: the Jaeger query service (http://host:port) to read the drawn call back from, with the server's spans")
 	flag.IntVar(&o.width, "width", 72, "columns of the terminal histograms")
 	flag.Parse()
 
@@ -85,33 +92,14 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 	}
 
 	runner := &stormlab.Runner{Addr: o.addr}
-	var rec *tracetest.SpanRecorder
-	var tpOpts []sdktrace.TracerProviderOption
-	if o.trace {
-		rec = tracetest.NewSpanRecorder()
-		tpOpts = append(tpOpts, sdktrace.WithSpanProcessor(rec))
+	tr, err := newTracing(ctx, o)
+	if err != nil {
+		return err
 	}
-	if o.otlp != "" {
-		if err := checkLoopback("-otlp", o.otlp); err != nil {
-			return err
-		}
-		exp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(o.otlp), otlptracegrpc.WithInsecure())
-		if err != nil {
-			return fmt.Errorf("-otlp %s: %w", o.otlp, err)
-		}
-		tpOpts = append(tpOpts, sdktrace.WithBatcher(exp))
-	}
-	var tp *sdktrace.TracerProvider
-	if len(tpOpts) > 0 {
-		tp = sdktrace.NewTracerProvider(tpOpts...)
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := tp.Shutdown(sctx); err != nil {
-				log.Printf("flushing spans: %v", err)
-			}
-		}()
-		runner.TracerProvider = tp
+	defer tr.shutdown()
+	if tr.tp != nil {
+		runner.TracerProvider = tr.tp
+		runner.DialOptions = []grpc.DialOption{stormlab.ClientTracing(tr.tp)}
 	}
 
 	total, n := 0, 0
@@ -121,6 +109,9 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 	began := time.Now()
 	tty := isTerminal(progress)
 	runner.OnProgress = func(scenario, strategy string, done bool) {
+		if !done {
+			tr.labeler.Set(scenario, strategy)
+		}
 		switch {
 		case done:
 			n++
@@ -147,20 +138,16 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 		}
 		var results []stormlab.Result
 		for _, st := range sc.strategies {
-			if rec != nil {
-				rec.Reset()
+			if tr.rec != nil {
+				tr.rec.Reset()
 			}
 			r, err := runner.Run(ctx, sc.scenario, st, o.scale)
 			if err != nil {
 				return err
 			}
 			results = append(results, r)
-			if rec != nil {
-				for _, tree := range stormlab.SampleTrees(rec.Ended(), o.samples) {
-					fmt.Fprintf(out, "span tree, %s:\n", st.Name)
-					stormlab.WriteSpanTree(out, tree[0], tree[1:])
-					fmt.Fprintln(out)
-				}
+			if tr.rec != nil {
+				tr.sample(out, st.Name, o)
 			}
 		}
 		if err := stormlab.WriteTable(out, results); err != nil {
@@ -178,6 +165,10 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 	}
 	fmt.Fprintln(out)
 	fmt.Fprintln(out, stormlab.Legend)
+
+	if err := tr.finish(ctx, out, o); err != nil {
+		return err
+	}
 
 	if o.svg != "" {
 		f, err := os.Create(o.svg)
@@ -249,15 +240,8 @@ func pickScenarios(o options) ([]plannedScenario, error) {
 }
 
 func checkLoopback(flagName, addr string) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("%s %q: %w", flagName, addr, err)
-	}
-	if host == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return errors.New(flagName + " " + addr + ": the demo talks to loopback addresses only")
+	if err := stormlab.CheckLoopback(addr); err != nil {
+		return fmt.Errorf("%s %w", flagName, err)
 	}
 	return nil
 }
