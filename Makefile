@@ -19,6 +19,8 @@ BENCHSTAT_VERSION          := v0.0.0-20260908200009-22c9c6c9d4da
 # times (about 5 minutes); the default scale finishes in under a minute.
 DEMO_ARGS ?= -compare -scale 4 -svg $(BIN)/storm.svg
 TRACE_ARGS ?= -strategy "herdguard defaults" -calls 100 -scale 4 -trace
+# make trace-demo TRACE_DEMO_ARGS='-keep' keeps Jaeger up afterwards.
+TRACE_DEMO_ARGS ?=
 BENCH_COUNT ?= 5
 BENCH_OUT := .bench
 
@@ -37,9 +39,27 @@ test: ## Run all tests with the race detector, then the allocation and timing te
 	cd bench && $(GO) vet . && $(GO) test -count=1 .
 
 .PHONY: build
-build: ## Build the demo server and client into ./bin
+build: ## Build the demo server, the demo client and trace-demo into ./bin
 	$(GO) build -o $(BIN)/demo-server ./cmd/demo-server
 	$(GO) build -o $(BIN)/demo-client ./cmd/demo-client
+	$(GO) build -o $(BIN)/trace-demo ./cmd/trace-demo
+
+# Jaeger v2, built from its Go module pinned in tools/jaeger (a module of its
+# own, so the library's go.mod stays clean): about 5 minutes the first time.
+$(BIN)/jaeger: tools/jaeger/go.mod tools/jaeger/go.sum
+	cd tools/jaeger && $(GO) build -o $(BIN)/jaeger github.com/jaegertracing/jaeger/cmd/jaeger
+
+.PHONY: jaeger
+jaeger: $(BIN)/jaeger build ## Build Jaeger v2 and run it on 127.0.0.1 (free ports, printed) until Ctrl-C; JAEGER_UI=dir serves a jaeger-ui build
+	$(BIN)/trace-demo -jaeger-only -bin $(BIN) -config tools/jaeger/config.yaml $(if $(JAEGER_UI),-ui "$(JAEGER_UI)")
+
+.PHONY: trace-demo
+trace-demo: $(BIN)/jaeger build ## Jaeger, a traced demo server and client on 127.0.0.1: trace ids of retried calls with Jaeger links, bin/trace.svg
+	$(BIN)/trace-demo -bin $(BIN) -config tools/jaeger/config.yaml -trace-svg $(BIN)/trace.svg $(if $(JAEGER_UI),-ui "$(JAEGER_UI)") $(TRACE_DEMO_ARGS)
+
+.PHONY: e2e
+e2e: $(BIN)/jaeger build ## End-to-end: the trace demo against a real Jaeger, every trace read back through its HTTP API
+	HERDGUARD_E2E=1 HERDGUARD_BIN=$(BIN) $(GO) test -count=1 -v -run E2E ./cmd/trace-demo/
 
 .PHONY: demo
 demo: build ## Start the demo server on 127.0.0.1, run the client against it, stop the server

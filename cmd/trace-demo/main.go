@@ -1,0 +1,262 @@
+// Command trace-demo shows a retry storm in a real Jaeger: it starts Jaeger
+// (built by `make jaeger`), a traced demo-server and the demo-client on
+// 127.0.0.1, prints the trace ids of retried calls with their Jaeger links,
+// draws one of them as a waterfall, and stops every process it started by
+// its process id, also on failure or Ctrl-C.
+//
+//	trace-demo                  # the demo, then stop everything
+//	trace-demo -keep            # the demo, then keep Jaeger up until Ctrl-C
+//	trace-demo -jaeger-only     # only Jaeger, until Ctrl-C (make jaeger)
+//
+// Both demo processes export to Jaeger's OTLP receiver; the client sends
+// W3C trace context with every attempt, so one trace holds the call span,
+// its attempts and backoff waits, otelgrpc's client span under each attempt
+// and the server's span under that.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/herdguard/herdguard/internal/jaegerlab"
+)
+
+type options struct {
+	bin, config, ui, svg string
+	strategy, scenario   string
+	calls, samples       int
+	scale                float64
+	keep, jaegerOnly     bool
+	stdout, stderr       io.Writer
+	jaegerLog            io.Writer
+}
+
+func main() {
+	log.SetFlags(0)
+	log.SetPrefix("trace-demo: ")
+	o := options{stdout: os.Stdout, stderr: os.Stderr}
+	flag.StringVar(&o.bin, "bin", "bin", "the directory holding jaeger, demo-server and demo-client")
+	flag.StringVar(&o.config, "config", "tools/jaeger/config.yaml", "Jaeger's configuration")
+	flag.StringVar(&o.ui, "ui", "", "a jaeger-ui build for Jaeger to serve (its ui.assets_path); without it Jaeger shows a placeholder page")
+	flag.StringVar(&o.svg, "trace-svg", "bin/trace.svg", "draw one retried call as a waterfall into this SVG file")
+	flag.StringVar(&o.strategy, "strategy", "herdguard defaults", "the demo-client strategy")
+	flag.StringVar(&o.scenario, "scenario", "published", "the demo-client scenario")
+	flag.IntVar(&o.calls, "calls", 200, "calls in the herd")
+	flag.IntVar(&o.samples, "trace-samples", 3, "how many retried calls to print")
+	flag.Float64Var(&o.scale, "scale", 4, "divide every duration of the scenario by this")
+	flag.BoolVar(&o.keep, "keep", false, "after the demo, keep Jaeger running until Ctrl-C")
+	flag.BoolVar(&o.jaegerOnly, "jaeger-only", false, "run only Jaeger, until Ctrl-C")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		if ctx.Err() != nil {
+			log.Print("interrupted; every process it started is stopped")
+			os.Exit(130)
+		}
+		log.Fatal(err)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	jlog := o.jaegerLog
+	if jlog == nil {
+		jlog = prefixed(o.stderr, "jaeger: ")
+	}
+	j, err := jaegerlab.Start(ctx, jaegerlab.Options{Bin: filepath.Join(o.bin, "jaeger"), Config: o.config, UI: o.ui, Log: jlog})
+	if err != nil {
+		return err
+	}
+	defer j.Stop()
+	fmt.Fprintf(o.stdout, "jaeger (pid %d): OTLP gRPC %s, OTLP HTTP %s, query and UI %s\n", j.PID(), j.OTLP, j.OTLPHTTP, j.QueryURL)
+	if o.ui == "" {
+		fmt.Fprintln(o.stdout, "  (the Jaeger built from its Go module serves a placeholder page; -ui DIR serves a jaeger-ui build)")
+	}
+	if o.jaegerOnly {
+		fmt.Fprintln(o.stdout, "Ctrl-C stops it.")
+		<-ctx.Done()
+		return nil
+	}
+	ids, err := demo(ctx, j, o)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(o.stdout, "\nretried calls, in Jaeger:")
+	for _, id := range ids {
+		fmt.Fprintf(o.stdout, "  %s  %s\n", id, jaegerlab.TraceURL(j.QueryURL, id))
+	}
+	fmt.Fprintf(o.stdout, "  the HTTP API: %s/api/traces/%s\n", j.QueryURL, ids[0])
+	if o.keep {
+		fmt.Fprintln(o.stdout, "Jaeger keeps running; Ctrl-C stops it.")
+		<-ctx.Done()
+	}
+	return nil
+}
+
+// traceLine matches the header demo-client -trace prints for each call.
+var traceLine = regexp.MustCompile(`^span tree, .* \(trace ([0-9a-f]{32})\):$`)
+
+// demo runs a traced demo-server and the demo-client against Jaeger j,
+// stops the server so its last spans are flushed, and returns the trace
+// ids of the retried calls the client printed.
+func demo(ctx context.Context, j *jaegerlab.Jaeger, o options) ([]string, error) {
+	dir, err := os.MkdirTemp("", "trace-demo")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	addrFile := filepath.Join(dir, "addr")
+	server, err := startProcess(filepath.Join(o.bin, "demo-server"), o.stderr, o.stderr,
+		"-addr", "127.0.0.1:0", "-addr-file", addrFile, "-otlp", j.OTLP)
+	if err != nil {
+		return nil, err
+	}
+	defer server.stop()
+	addr, err := waitFile(ctx, addrFile, server, 10*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("demo-server (pid %d): %w", server.cmd.Process.Pid, err)
+	}
+	fmt.Fprintf(o.stdout, "demo-server (pid %d) on %s\n", server.cmd.Process.Pid, addr)
+
+	var out bytes.Buffer
+	client, err := startProcess(filepath.Join(o.bin, "demo-client"), io.MultiWriter(o.stdout, &out), o.stderr,
+		"-addr", addr, "-otlp", j.OTLP, "-jaeger", j.QueryURL,
+		"-strategy", o.strategy, "-scenario", o.scenario, "-calls", strconv.Itoa(o.calls),
+		"-scale", strconv.FormatFloat(o.scale, 'g', -1, 64),
+		"-trace", "-trace-samples", strconv.Itoa(o.samples), "-trace-svg", o.svg)
+	if err != nil {
+		return nil, err
+	}
+	defer client.stop()
+	fmt.Fprintf(o.stdout, "demo-client (pid %d)\n", client.cmd.Process.Pid)
+	if err := client.wait(ctx); err != nil {
+		return nil, fmt.Errorf("demo-client (pid %d): %w", client.cmd.Process.Pid, err)
+	}
+	if err := server.stop(); err != nil {
+		return nil, fmt.Errorf("demo-server (pid %d): %w", server.cmd.Process.Pid, err)
+	}
+	var ids []string
+	for _, line := range strings.Split(out.String(), "\n") {
+		if m := traceLine.FindStringSubmatch(line); m != nil && !slices.Contains(ids, m[1]) {
+			ids = append(ids, m[1])
+		}
+	}
+	if len(ids) == 0 {
+		return nil, errors.New("demo-client printed no retried call")
+	}
+	return ids, nil
+}
+
+// process is a child started by this program, stopped by its process id.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// startProcess starts bin with args, its output going to stdout and
+// stderr.
+func startProcess(bin string, stdout, stderr io.Writer, args ...string) (*process, error) {
+	if _, err := os.Stat(bin); err != nil {
+		return nil, fmt.Errorf("%w (build it with `make build`)", err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.SysProcAttr = jaegerlab.DieWithParent()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// wait waits for the process to exit, or stops it when ctx ends.
+func (p *process) wait(ctx context.Context) error {
+	select {
+	case <-p.done:
+		return p.err
+	case <-ctx.Done():
+		p.stop()
+		return ctx.Err()
+	}
+}
+
+// stop ends the process by its id: SIGTERM, then SIGKILL after 5 s. It
+// returns the process's exit error, nil for an exit caused by SIGTERM.
+func (p *process) stop() error {
+	select {
+	case <-p.done:
+	default:
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(5 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) && ee.Sys().(syscall.WaitStatus).Signal() == syscall.SIGTERM {
+		return nil
+	}
+	return p.err
+}
+
+// waitFile waits for the file a starting server writes its address to.
+func waitFile(ctx context.Context, path string, p *process, bound time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	for {
+		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
+			return string(b), nil
+		}
+		select {
+		case <-p.done:
+			return "", fmt.Errorf("exited before listening: %v", p.err)
+		case <-ctx.Done():
+			return "", fmt.Errorf("no address in %s within %v", path, bound)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// prefixed writes each line to w after prefix.
+func prefixed(w io.Writer, prefix string) io.Writer {
+	return &prefixWriter{w: w, prefix: prefix, bol: true}
+}
+
+type prefixWriter struct {
+	w      io.Writer
+	prefix string
+	bol    bool
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	var out []byte
+	for _, c := range b {
+		if p.bol {
+			out = append(out, p.prefix...)
+		}
+		out = append(out, c)
+		p.bol = c == '\n'
+	}
+	_, err := p.w.Write(out)
+	return len(b), err
+}
