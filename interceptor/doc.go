@@ -63,10 +63,12 @@
 // # Spans
 //
 // For each call a CLIENT span named after the method ("pkg.Service/Method")
-// with rpc.system.name, rpc.method and rpc.response.status_code (semconv
-// v1.43.0), herdguard.attempts and herdguard.outcome (an [Outcome]). Its
-// children: a span "attempt" per attempt (herdguard.attempt, 1-based, and
-// rpc.response.status_code) and a span "backoff" per wait
+// with rpc.system.name, rpc.method, server.address and server.port (from
+// the connection's target), rpc.response.status_code and, on failure,
+// error.type (semconv v1.43.0), herdguard.attempts and herdguard.outcome
+// (an [Outcome]). Its children: a span "attempt" per attempt (rpc.method,
+// herdguard.attempt, 1-based, rpc.response.status_code and error.type on
+// failure) and a span "backoff" per wait
 // (herdguard.attempt of the attempt that follows, herdguard.backoff.delay_ms
 // and herdguard.backoff.jitter, the Jitter's name or "pushback"). Breaker
 // refusals and state changes are events on the call span. The attempt

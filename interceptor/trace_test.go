@@ -332,7 +332,9 @@ func TestSpanRPCAttributes(t *testing.T) {
 	defer func() { g.Stop(); <-done }()
 	port := lis.Addr().(*net.TCPAddr).Port
 
-	rec, tp := newRecorder()
+	// the SDK's in-memory exporter, behind a processor that exports each span as it ends
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	ic, err := New(withClock(newFakeClock()), withRand(fixedRand(0.5)), WithPolicy(tablePolicy), WithTracerProvider(tp))
 	if err != nil {
 		t.Fatal(err)
@@ -362,7 +364,7 @@ func TestSpanRPCAttributes(t *testing.T) {
 		t.Fatalf("Recv: %v, want EOF", err)
 	}
 
-	spans := rec.Ended()
+	spans := exp.GetSpans().Snapshots()
 	calls := append(spansNamed(spans, "grpc.testing.TestService/UnaryCall"), spansNamed(spans, "grpc.testing.TestService/FullDuplexCall")...)
 	if len(calls) != 3 {
 		t.Fatalf("%d call spans, want 3", len(calls))

@@ -66,20 +66,25 @@ func serve(t *testing.T, g *grpc.Server) string {
 	return lis.Addr().String()
 }
 
-func TestExportsSpansOverOTLP(t *testing.T) {
+// otlpRun starts a stand-in collector and a demo server on 127.0.0.1 for
+// the test, and returns them with the options of a small traced run.
+func otlpRun(t *testing.T) (*collector, *grpc.Server, options) {
+	t.Helper()
 	col := &collector{names: map[string]int{}, services: map[string]bool{}}
 	cg := grpc.NewServer()
 	coltrace.RegisterTraceServiceServer(cg, col)
 	colAddr := serve(t, cg)
-
 	_, addr, stop, err := stormlab.ServeLoopback(stormlab.Faults{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer stop()
-
-	o := options{addr: addr, calls: 20, attempts: 3, base: time.Second, scale: 20, width: 40,
+	t.Cleanup(stop)
+	return col, cg, options{addr: addr, calls: 20, attempts: 3, base: time.Second, scale: 20, width: 40,
 		strategy: "herdguard defaults", scenario: "published", otlp: colAddr}
+}
+
+func TestExportsSpansOverOTLP(t *testing.T) {
+	col, _, o := otlpRun(t)
 	if err := run(context.Background(), o, &bytes.Buffer{}, &bytes.Buffer{}); err != nil {
 		t.Fatal(err)
 	}
@@ -115,13 +120,8 @@ func TestOTLPFailsFastNamingTheCollector(t *testing.T) {
 	}
 	free := lis.Addr().String()
 	lis.Close()
-	_, addr, stop, err := stormlab.ServeLoopback(stormlab.Faults{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	o := options{addr: addr, calls: 5, attempts: 2, base: time.Second, scale: 20, width: 40,
-		strategy: "herdguard defaults", scenario: "published", otlp: free}
+	_, _, o := otlpRun(t)
+	o.otlp = free
 	began := time.Now()
 	err = run(context.Background(), o, &bytes.Buffer{}, &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), free) || !strings.Contains(err.Error(), "-otlp") {
@@ -135,22 +135,11 @@ func TestOTLPFailsFastNamingTheCollector(t *testing.T) {
 // TestOTLPCollectorGoneFails: a collector that stops answering during the
 // run makes run fail, naming it, instead of exiting 0 with spans lost.
 func TestOTLPCollectorGoneFails(t *testing.T) {
-	col := &collector{names: map[string]int{}, services: map[string]bool{}}
-	cg := grpc.NewServer()
-	coltrace.RegisterTraceServiceServer(cg, col)
-	colAddr := serve(t, cg)
-	_, addr, stop, err := stormlab.ServeLoopback(stormlab.Faults{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	o := options{addr: addr, calls: 20, attempts: 3, base: time.Second, scale: 20, width: 40,
-		strategy: "herdguard defaults", scenario: "published", otlp: colAddr}
-	var progress gone
-	progress.stop = cg.Stop
-	err = run(context.Background(), o, &bytes.Buffer{}, &progress)
-	if err == nil || !strings.Contains(err.Error(), colAddr) {
-		t.Errorf("run whose collector went away = %v, want an error naming %s", err, colAddr)
+	_, cg, o := otlpRun(t)
+	progress := gone{stop: cg.Stop}
+	err := run(context.Background(), o, &bytes.Buffer{}, &progress)
+	if err == nil || !strings.Contains(err.Error(), o.otlp) {
+		t.Errorf("run whose collector went away = %v, want an error naming %s", err, o.otlp)
 	}
 }
 

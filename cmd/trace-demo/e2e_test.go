@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -306,4 +308,42 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestE2EServesAJaegerUIBuild: with -ui (make jaeger JAEGER_UI=dir) Jaeger
+// serves that directory as its UI instead of its placeholder page.
+func TestE2EServesAJaegerUIBuild(t *testing.T) {
+	o := e2e(t)
+	ui := t.TempDir()
+	const marker = "herdguard-ui-marker"
+	if err := os.WriteFile(filepath.Join(ui, "index.html"), []byte("<html><head><base href=\"/\"></head><body>"+marker+"</body></html>"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	j, err := jaegerlab.Start(ctx, jaegerlab.Options{Bin: filepath.Join(o.bin, "jaeger"), Config: o.config, UI: ui, Log: &logs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Stop()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, j.QueryURL+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Close = true
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || !bytes.Contains(body, []byte(marker)) {
+		t.Errorf("GET / = %s, %v: want the UI build's index.html\n%.300s\n%s", resp.Status, err, body, logs.String())
+	}
+
+	if _, err := jaegerlab.Start(ctx, jaegerlab.Options{Bin: filepath.Join(o.bin, "jaeger"), Config: o.config, UI: t.TempDir()}); err == nil ||
+		!strings.Contains(err.Error(), "index.html") {
+		t.Errorf("a UI directory without index.html: %v, want an error naming index.html", err)
+	}
 }

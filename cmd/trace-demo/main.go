@@ -23,7 +23,6 @@ import (
 	"io"
 	"log"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"regexp"
@@ -86,7 +85,7 @@ func run(ctx context.Context, o options) error {
 	defer j.Stop()
 	fmt.Fprintf(o.stdout, "jaeger (pid %d): OTLP gRPC %s, OTLP HTTP %s, query and UI %s\n", j.PID(), j.OTLP, j.OTLPHTTP, j.QueryURL)
 	if o.ui == "" {
-		fmt.Fprintln(o.stdout, "  (the Jaeger built from its Go module serves a placeholder page; -ui DIR serves a jaeger-ui build)")
+		fmt.Fprintln(o.stdout, "  (the Jaeger built from its Go module serves a placeholder page; -ui dir, or make jaeger JAEGER_UI=dir, serves a jaeger-ui build)")
 	}
 	if o.jaegerOnly {
 		fmt.Fprintln(o.stdout, "Ctrl-C stops it.")
@@ -122,20 +121,20 @@ func demo(ctx context.Context, j *jaegerlab.Jaeger, o options) ([]string, error)
 	}
 	defer os.RemoveAll(dir)
 	addrFile := filepath.Join(dir, "addr")
-	server, err := startProcess(filepath.Join(o.bin, "demo-server"), o.stderr, o.stderr,
+	server, err := start(filepath.Join(o.bin, "demo-server"), o.stderr, o.stderr,
 		"-addr", "127.0.0.1:0", "-addr-file", addrFile, "-otlp", j.OTLP)
 	if err != nil {
 		return nil, err
 	}
-	defer server.stop()
+	defer server.Stop()
 	addr, err := waitFile(ctx, addrFile, server, 10*time.Second)
 	if err != nil {
-		return nil, fmt.Errorf("demo-server (pid %d): %w", server.cmd.Process.Pid, err)
+		return nil, fmt.Errorf("demo-server (pid %d): %w", server.PID(), err)
 	}
-	fmt.Fprintf(o.stdout, "demo-server (pid %d) on %s\n", server.cmd.Process.Pid, addr)
+	fmt.Fprintf(o.stdout, "demo-server (pid %d) on %s\n", server.PID(), addr)
 
 	var out bytes.Buffer
-	client, err := startProcess(filepath.Join(o.bin, "demo-client"), io.MultiWriter(o.stdout, &out), o.stderr,
+	client, err := start(filepath.Join(o.bin, "demo-client"), io.MultiWriter(o.stdout, &out), o.stderr,
 		"-addr", addr, "-otlp", j.OTLP, "-jaeger", j.QueryURL,
 		"-strategy", o.strategy, "-scenario", o.scenario, "-calls", strconv.Itoa(o.calls),
 		"-scale", strconv.FormatFloat(o.scale, 'g', -1, 64),
@@ -143,13 +142,13 @@ func demo(ctx context.Context, j *jaegerlab.Jaeger, o options) ([]string, error)
 	if err != nil {
 		return nil, err
 	}
-	defer client.stop()
-	fmt.Fprintf(o.stdout, "demo-client (pid %d)\n", client.cmd.Process.Pid)
-	if err := client.wait(ctx); err != nil {
-		return nil, fmt.Errorf("demo-client (pid %d): %w", client.cmd.Process.Pid, err)
+	defer client.Stop()
+	fmt.Fprintf(o.stdout, "demo-client (pid %d)\n", client.PID())
+	if err := client.Wait(ctx); err != nil {
+		return nil, fmt.Errorf("demo-client (pid %d): %w", client.PID(), err)
 	}
-	if err := server.stop(); err != nil {
-		return nil, fmt.Errorf("demo-server (pid %d): %w", server.cmd.Process.Pid, err)
+	if err := server.Stop(); err != nil {
+		return nil, fmt.Errorf("demo-server (pid %d): %w", server.PID(), err)
 	}
 	var ids []string
 	for _, line := range strings.Split(out.String(), "\n") {
@@ -163,64 +162,17 @@ func demo(ctx context.Context, j *jaegerlab.Jaeger, o options) ([]string, error)
 	return ids, nil
 }
 
-// process is a child started by this program, stopped by its process id.
-type process struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-}
-
-// startProcess starts bin with args, its output going to stdout and
-// stderr.
-func startProcess(bin string, stdout, stderr io.Writer, args ...string) (*process, error) {
-	if _, err := os.Stat(bin); err != nil {
+// start starts a demo binary, saying how to build it when it is missing.
+func start(bin string, stdout, stderr io.Writer, args ...string) (*jaegerlab.Process, error) {
+	p, err := jaegerlab.StartProcess(bin, stdout, stderr, nil, args...)
+	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w (build it with `make build`)", err)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.SysProcAttr = jaegerlab.DieWithParent()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin, err)
-	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	go func() { p.err = cmd.Wait(); close(p.done) }()
-	return p, nil
-}
-
-// wait waits for the process to exit, or stops it when ctx ends.
-func (p *process) wait(ctx context.Context) error {
-	select {
-	case <-p.done:
-		return p.err
-	case <-ctx.Done():
-		p.stop()
-		return ctx.Err()
-	}
-}
-
-// stop ends the process by its id: SIGTERM, then SIGKILL after 5 s. It
-// returns the process's exit error, nil for an exit caused by SIGTERM.
-func (p *process) stop() error {
-	select {
-	case <-p.done:
-	default:
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(5 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	}
-	var ee *exec.ExitError
-	if errors.As(p.err, &ee) && ee.Sys().(syscall.WaitStatus).Signal() == syscall.SIGTERM {
-		return nil
-	}
-	return p.err
+	return p, err
 }
 
 // waitFile waits for the file a starting server writes its address to.
-func waitFile(ctx context.Context, path string, p *process, bound time.Duration) (string, error) {
+func waitFile(ctx context.Context, path string, p *jaegerlab.Process, bound time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	for {
@@ -228,8 +180,8 @@ func waitFile(ctx context.Context, path string, p *process, bound time.Duration)
 			return string(b), nil
 		}
 		select {
-		case <-p.done:
-			return "", fmt.Errorf("exited before listening: %v", p.err)
+		case <-p.Done():
+			return "", fmt.Errorf("exited before listening: %v", p.Err())
 		case <-ctx.Done():
 			return "", fmt.Errorf("no address in %s within %v", path, bound)
 		case <-time.After(20 * time.Millisecond):

@@ -1,6 +1,7 @@
 // Package jaegerlab starts a real Jaeger v2 (the binary `make jaeger`
-// builds from Jaeger's Go module) on 127.0.0.1 with free ports, stops it by
-// its process id, and reads traces back through its HTTP query API.
+// builds from Jaeger's Go module) on 127.0.0.1 with free ports, reads traces
+// back through its HTTP query API, and starts and stops the processes of
+// the trace demo by their process ids.
 package jaegerlab
 
 import (
@@ -12,11 +13,9 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/herdguard/herdguard/internal/stormlab"
@@ -40,16 +39,13 @@ type Jaeger struct {
 	OTLPHTTP string // OTLP HTTP receiver, host:port
 	QueryURL string // the query service (HTTP API and UI), http://host:port
 
-	cmd    *exec.Cmd
-	done   chan struct{} // closed when the process has exited
-	err    error         // its exit status, once done
-	log    *tail
-	stopMu sync.Mutex
+	*Process
+	log *tail
 }
 
 // Start runs Jaeger with o's configuration on free loopback ports and
 // returns once its receivers and its query service answer. Stop it with
-// [Jaeger.Stop]; on Linux it also dies with the process that started it.
+// [Process.Stop]; on Linux it also dies with the process that started it.
 func Start(ctx context.Context, o Options) (*Jaeger, error) {
 	if _, err := os.Stat(o.Bin); err != nil {
 		return nil, fmt.Errorf("jaeger binary %s: %w (build it with `make jaeger`)", o.Bin, err)
@@ -78,11 +74,9 @@ func Start(ctx context.Context, o Options) (*Jaeger, error) {
 		OTLP:     net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
 		OTLPHTTP: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])),
 		QueryURL: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2])),
-		done:     make(chan struct{}),
 		log:      &tail{max: 64 << 10},
 	}
-	cmd := exec.Command(o.Bin, "--config", "file:"+cfg)
-	cmd.Env = append(os.Environ(),
+	env := append(os.Environ(),
 		"JAEGER_OTLP_GRPC="+strconv.Itoa(ports[0]),
 		"JAEGER_OTLP_HTTP="+strconv.Itoa(ports[1]),
 		"JAEGER_QUERY_HTTP="+strconv.Itoa(ports[2]),
@@ -93,13 +87,9 @@ func Start(ctx context.Context, o Options) (*Jaeger, error) {
 	if o.Log != nil {
 		out = io.MultiWriter(j.log, o.Log)
 	}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = DieWithParent()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", o.Bin, err)
+	if j.Process, err = StartProcess(o.Bin, out, out, env, "--config", "file:"+cfg); err != nil {
+		return nil, err
 	}
-	j.cmd = cmd
-	go func() { j.err = cmd.Wait(); close(j.done) }()
 
 	wait := o.Ready
 	if wait <= 0 {
@@ -107,31 +97,9 @@ func Start(ctx context.Context, o Options) (*Jaeger, error) {
 	}
 	if err := j.waitReady(ctx, wait); err != nil {
 		j.Stop()
-		return nil, fmt.Errorf("jaeger (pid %d) did not start: %w\n%s", cmd.Process.Pid, err, j.log.String())
+		return nil, fmt.Errorf("jaeger (pid %d) did not start: %w\n%s", j.PID(), err, j.log.String())
 	}
 	return j, nil
-}
-
-// PID is the process id of the Jaeger process.
-func (j *Jaeger) PID() int { return j.cmd.Process.Pid }
-
-// Stop ends Jaeger by its process id: SIGTERM, then SIGKILL if it has not
-// exited within 5 s. It returns once the process has exited.
-func (j *Jaeger) Stop() {
-	j.stopMu.Lock()
-	defer j.stopMu.Unlock()
-	select {
-	case <-j.done:
-		return
-	default:
-	}
-	_ = j.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-j.done:
-	case <-time.After(5 * time.Second):
-		_ = j.cmd.Process.Kill()
-		<-j.done
-	}
 }
 
 // Log returns the tail of Jaeger's output.
@@ -148,8 +116,8 @@ func (j *Jaeger) waitReady(ctx context.Context, bound time.Duration) error {
 			return nil
 		}
 		select {
-		case <-j.done:
-			return fmt.Errorf("it exited: %v", j.err)
+		case <-j.Done():
+			return fmt.Errorf("it exited: %v", j.Err())
 		case <-ctx.Done():
 			return fmt.Errorf("not ready within %v: %w", bound, err)
 		case <-tick.C:

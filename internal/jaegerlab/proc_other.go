@@ -4,5 +4,5 @@ package jaegerlab
 
 import "syscall"
 
-// DieWithParent has no portable equivalent off Linux: Stop ends Jaeger.
-func DieWithParent() *syscall.SysProcAttr { return nil }
+// dieWithParent has no portable equivalent off Linux: Stop ends Jaeger.
+func dieWithParent() *syscall.SysProcAttr { return nil }
