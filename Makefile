@@ -26,7 +26,7 @@ BENCH_OUT := .bench
 
 .PHONY: help
 help: ## Show the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # -p 1: one package at a time. The storm lab's end-to-end tests count
 # arrivals in 67 ms windows; other test binaries competing for the cores
