@@ -57,14 +57,21 @@ type OpenError struct {
 	Scope string
 	// State is Open, or HalfOpen when its probes were all taken.
 	State State
+	// Shared is true when the fleet's shared breaker refused the call (see
+	// [Fleet]), false when this replica's own breaker did.
+	Shared bool
 }
 
-// Error names the scope and the state.
+// Error names the scope, the state, and whether the breaker is the fleet's.
 func (e *OpenError) Error() string {
-	if e.State == HalfOpen {
-		return fmt.Sprintf("herdguard: circuit breaker for %s is half-open and its probes are in flight; call not sent", e.Scope)
+	whose := ""
+	if e.Shared {
+		whose = "the fleet's "
 	}
-	return fmt.Sprintf("herdguard: circuit breaker for %s is open; call not sent", e.Scope)
+	if e.State == HalfOpen {
+		return fmt.Sprintf("herdguard: %scircuit breaker for %s is half-open and its probes are in flight; call not sent", whose, e.Scope)
+	}
+	return fmt.Sprintf("herdguard: %scircuit breaker for %s is open; call not sent", whose, e.Scope)
 }
 
 // Unwrap returns [ErrOpen].
@@ -108,6 +115,11 @@ type Breaker struct {
 	// with no failure in flight: while failuresBegun still equals it, the run
 	// is still zero.
 	failuresBegun, failuresDone, quietAt atomic.Uint64
+
+	// view and member link the breaker to its fleet's shared breaker, when
+	// Settings.Fleet is set (see [Fleet]); nil otherwise.
+	view   *FleetView
+	member FleetMember
 }
 
 // errFailure and errExcluded carry a verdict through gobreaker without
@@ -132,6 +144,10 @@ func newBreaker(scope string, s Settings) *Breaker {
 		b.state.Store(int32(to))
 		b.gen.Add(1)
 	}))
+	if s.Fleet != nil {
+		b.view = &FleetView{}
+		b.member = s.Fleet.Join(scope, s, b.view)
+	}
 	return b
 }
 
@@ -320,6 +336,14 @@ func (b *Breaker) executeQuiet(fn func(probe bool) herdguard.Verdict) (after Sta
 // (they differ when the call, or a concurrent one, moved the breaker) and,
 // when the breaker refused the call without running fn, an [*OpenError].
 func (b *Breaker) Execute(fn func(probe bool) herdguard.Verdict) (before, after State, err error) {
+	if b.view != nil {
+		return b.executeShared(fn)
+	}
+	return b.executeLocal(fn)
+}
+
+// executeLocal is Execute by this replica's own breaker.
+func (b *Breaker) executeLocal(fn func(probe bool) herdguard.Verdict) (before, after State, err error) {
 	before = State(b.state.Load())
 	if b.quiet() {
 		return before, b.executeQuiet(fn), nil
@@ -351,6 +375,14 @@ func (b *Breaker) Execute(fn func(probe bool) herdguard.Verdict) (before, after 
 // A quiet breaker (closed, no failure on its run; see [Breaker]) lets the
 // call through at once and hears only a failure.
 func (b *Breaker) Allow() (done func(herdguard.Verdict), probe bool, err error) {
+	if b.view != nil {
+		return b.allowShared()
+	}
+	return b.allowLocal()
+}
+
+// allowLocal is Allow by this replica's own breaker.
+func (b *Breaker) allowLocal() (done func(herdguard.Verdict), probe bool, err error) {
 	var called atomic.Bool
 	if b.quiet() {
 		c := b.admitQuiet()

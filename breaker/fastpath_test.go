@@ -1,6 +1,7 @@
 package breaker
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -272,5 +273,43 @@ func TestQuietSuccessEndsARunLikeGobreaker(t *testing.T) {
 			t.Errorf("stream=%v: state %v with a run of %d; gobreaker %v with a run of %d",
 				stream, got, b.Counts().ConsecutiveFailures, want, ref.Counts().ConsecutiveFailures)
 		}
+	}
+}
+
+// calmFleet is a fleet whose shared breaker stays calm.
+type calmFleet struct{}
+
+func (calmFleet) Join(_ string, _ Settings, v *FleetView) FleetMember { v.Calm(); return calmFleet{} }
+func (calmFleet) Failed()                                             {}
+func (calmFleet) Recovered()                                          {}
+func (calmFleet) Probe(context.Context) (ProbeLease, error)           { return nil, ErrProbesTaken }
+
+func TestSharedCalmAllocatesNothing(t *testing.T) {
+	b := newBreaker("x", Settings{Fleet: calmFleet{}}.WithDefaults())
+	fn := func(bool) herdguard.Verdict { return herdguard.Success }
+	if n := testing.AllocsPerRun(100, func() { b.Execute(fn) }); n != 0 {
+		t.Errorf("Execute on a calm shared breaker: %v allocations, want 0", n)
+	}
+	if !b.Shared() || !b.quiet() {
+		t.Fatalf("shared %v, quiet %v; want both", b.Shared(), b.quiet())
+	}
+}
+
+// BenchmarkExecute compares a healthy call through the replica's own
+// breaker and through a calm shared one: the shared breaker adds an atomic
+// load of the fleet's view and no network round trip.
+func BenchmarkExecute(b *testing.B) {
+	fn := func(bool) herdguard.Verdict { return herdguard.Success }
+	for _, bc := range []struct {
+		name string
+		s    Settings
+	}{{"local", Settings{}}, {"shared", Settings{Fleet: calmFleet{}}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			br := newBreaker("x", bc.s.WithDefaults())
+			b.ReportAllocs()
+			for b.Loop() {
+				br.Execute(fn)
+			}
+		})
 	}
 }

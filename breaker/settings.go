@@ -100,6 +100,10 @@ type Settings struct {
 	// one that could not be encoded, a send a later interceptor refused). It
 	// must be quick and safe for concurrent use.
 	Verdict func(err error) herdguard.Verdict
+	// Fleet, if set, shares each breaker with the other replicas of the
+	// service that name the same scope (see [Fleet]); nil keeps every
+	// breaker to this process.
+	Fleet Fleet
 	// OnStateChange, if set, is called on every transition with the scope
 	// name (the target, or the target followed by the full method). It runs
 	// while the breaker is locked: it must return quickly and must not call

@@ -1,0 +1,221 @@
+package breaker
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/herdguard/herdguard"
+)
+
+// Fleet shares breakers across the replicas of a service, through a store
+// they all reach (package github.com/herdguard/herdguard/redisfleet keeps
+// it in Redis). Set it in [Settings.Fleet].
+//
+// A shared breaker counts the fleet's consecutive failed calls in the
+// store, opens for the whole fleet when they reach ConsecutiveFailures,
+// and leases its half-open probes fleet-wide, so that at most
+// HalfOpenMaxRequests probes run across the fleet per open period. The
+// store pushes every change to each replica's [FleetView], which the
+// breaker reads with one atomic load: a call through a calm shared breaker
+// makes no network round trip, and a failure is handed to the fleet
+// without making the caller wait. Each replica's own breaker goes on
+// counting its own calls too, and a call must pass both: a replica whose
+// own path to the server fails while the rest of the fleet succeeds opens
+// its own breaker without stopping the fleet. While the store cannot be
+// reached, the replica's own breaker alone decides.
+type Fleet interface {
+	// Join starts sharing the breaker of scope, configured by s (defaults
+	// filled), and returns this replica's link to it. The fleet keeps view
+	// up to date from then on. Join must not wait on the network.
+	Join(scope string, s Settings, view *FleetView) FleetMember
+}
+
+// FleetMember is one replica's link to a shared breaker. Failed and
+// Recovered must not block: they hand the news to the fleet and return.
+type FleetMember interface {
+	// Failed reports a failed call.
+	Failed()
+	// Recovered reports a successful call made while the fleet's view was
+	// suspect (closed with failures counted), which ends the fleet's run of
+	// consecutive failures.
+	Recovered()
+	// Probe asks for one of the fleet's half-open probe leases, waiting at
+	// most a small bound. It returns [ErrProbesTaken] when the fleet's
+	// probes for this open period are taken or the open period has not
+	// ended, and another error when the store could not answer (the
+	// breaker then decides alone).
+	Probe(ctx context.Context) (ProbeLease, error)
+}
+
+// ProbeLease is a granted fleet-wide probe. Done reports its verdict,
+// once: Success closes the fleet's breaker, Failure opens it again, and
+// Ignored hands the lease back for another probe. Done updates the view
+// before it returns, if the store answers within its bound.
+type ProbeLease interface {
+	Done(v herdguard.Verdict)
+}
+
+// ErrProbesTaken is returned by [FleetMember.Probe] when the fleet's probe
+// leases for this open period are all taken.
+var ErrProbesTaken = errors.New("breaker: the fleet's probes are taken")
+
+// The fleet's state as a [FleetView] holds it.
+const (
+	fleetUnknown int32 = iota // not heard from the store: the replica decides alone
+	fleetCalm                 // closed, no failure counted
+	fleetSuspect              // closed, failures counted
+	fleetOpen                 // open until openUntil, then probes are leased
+)
+
+// FleetView is a replica's view of one shared breaker, kept by the
+// [Fleet] and read by the breaker on every call without a lock. Its zero
+// value is a view the fleet has not spoken to: the replica's own breaker
+// decides alone.
+type FleetView struct {
+	state     atomic.Int32
+	openUntil atomic.Int64 // this process's clock, unix nanoseconds
+}
+
+// Calm records that the fleet's breaker is closed with no failure counted.
+func (v *FleetView) Calm() { v.state.Store(fleetCalm) }
+
+// Suspect records that the fleet's breaker is closed with failures
+// counted: the next success of this replica tells the fleet.
+func (v *FleetView) Suspect() { v.state.Store(fleetSuspect) }
+
+// Open records that the fleet's breaker is open for remaining more (0 or
+// less: its open period is over and probes are leased).
+func (v *FleetView) Open(remaining time.Duration) {
+	v.openUntil.Store(time.Now().Add(remaining).UnixNano())
+	v.state.Store(fleetOpen)
+}
+
+// Lost records that the store cannot be reached: until the fleet speaks
+// again, the replica's own breaker decides alone.
+func (v *FleetView) Lost() { v.state.Store(fleetUnknown) }
+
+// Shared reports whether the view follows the fleet (the store was heard
+// from and not lost since).
+func (v *FleetView) Shared() bool { return v.state.Load() != fleetUnknown }
+
+// State returns the fleet's state as the view holds it: Closed, Open, or
+// HalfOpen once the open period is over. ok is false while the view does
+// not follow the fleet.
+func (v *FleetView) State() (s State, ok bool) {
+	switch v.state.Load() {
+	case fleetCalm, fleetSuspect:
+		return Closed, true
+	case fleetOpen:
+		if time.Now().UnixNano() >= v.openUntil.Load() {
+			return HalfOpen, true
+		}
+		return Open, true
+	}
+	return Closed, false
+}
+
+// executeShared is Execute for a breaker shared by a fleet.
+func (b *Breaker) executeShared(fn func(probe bool) herdguard.Verdict) (before, after State, err error) {
+	switch b.view.state.Load() {
+	case fleetCalm, fleetSuspect:
+		return b.executeLocal(func(probe bool) herdguard.Verdict {
+			v := fn(probe)
+			b.tellFleet(v)
+			return v
+		})
+	case fleetOpen:
+		lease, refusal := b.fleetProbe()
+		if refusal != nil {
+			return refusal.State, refusal.State, refusal
+		}
+		if lease == nil { // the store did not answer: this replica decides alone
+			return b.executeLocal(fn)
+		}
+		returned := false
+		defer func() {
+			if !returned {
+				lease.Done(herdguard.Failure) // a probe that panics failed
+			}
+		}()
+		v := fn(true)
+		returned = true
+		lease.Done(v)
+		return HalfOpen, b.sharedState(), nil
+	}
+	return b.executeLocal(fn)
+}
+
+// allowShared is Allow for a breaker shared by a fleet.
+func (b *Breaker) allowShared() (done func(herdguard.Verdict), probe bool, err error) {
+	switch b.view.state.Load() {
+	case fleetCalm, fleetSuspect:
+		ldone, probe, err := b.allowLocal()
+		if err != nil {
+			return nil, false, err
+		}
+		return func(v herdguard.Verdict) {
+			ldone(v)
+			b.tellFleet(v)
+		}, probe, nil
+	case fleetOpen:
+		lease, refusal := b.fleetProbe()
+		if refusal != nil {
+			return nil, false, refusal
+		}
+		if lease == nil {
+			return b.allowLocal()
+		}
+		var called atomic.Bool
+		return func(v herdguard.Verdict) {
+			if !called.Swap(true) {
+				lease.Done(v)
+			}
+		}, true, nil
+	}
+	return b.allowLocal()
+}
+
+// fleetProbe asks the fleet to let a call through its open breaker: a
+// refusal while the open period lasts or its probes are taken, a lease for
+// a probe, or neither when the store did not answer.
+func (b *Breaker) fleetProbe() (ProbeLease, *OpenError) {
+	if time.Now().UnixNano() < b.view.openUntil.Load() {
+		return nil, &OpenError{Scope: b.scope, State: Open, Shared: true}
+	}
+	lease, err := b.member.Probe(context.Background())
+	switch {
+	case errors.Is(err, ErrProbesTaken):
+		return nil, &OpenError{Scope: b.scope, State: HalfOpen, Shared: true}
+	case err != nil:
+		return nil, nil
+	}
+	return lease, nil
+}
+
+// tellFleet hands a call's verdict to the fleet: every failure, and the
+// first success while the fleet counts failures (which ends their run).
+func (b *Breaker) tellFleet(v herdguard.Verdict) {
+	switch v {
+	case herdguard.Failure:
+		b.member.Failed()
+	case herdguard.Success:
+		if b.view.state.Load() == fleetSuspect && b.view.state.CompareAndSwap(fleetSuspect, fleetCalm) {
+			b.member.Recovered()
+		}
+	}
+}
+
+// sharedState is the breaker's state as a caller sees it: the fleet's
+// when the view follows it, else this replica's own.
+func (b *Breaker) sharedState() State {
+	if s, ok := b.view.State(); ok && s != Closed {
+		return s
+	}
+	return State(b.state.Load())
+}
+
+// Shared reports whether the breaker follows a fleet's shared breaker now
+// (Settings.Fleet is set and its store answers).
+func (b *Breaker) Shared() bool { return b.view != nil && b.view.Shared() }

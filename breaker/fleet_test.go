@@ -1,0 +1,223 @@
+package breaker_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/herdguard/herdguard"
+	"github.com/herdguard/herdguard/breaker"
+)
+
+// testFleet is a fleet of one scope held in memory, for exact sequences of
+// what the breaker tells the fleet and what the fleet answers. (The fleet
+// over a real Redis is tested in module redisfleet.)
+type testFleet struct {
+	mu                sync.Mutex
+	view              *breaker.FleetView
+	scope             string
+	settings          breaker.Settings
+	failed, recovered int
+	probeErr          error // what Probe returns, when not nil
+	verdicts          []herdguard.Verdict
+}
+
+func (f *testFleet) Join(scope string, s breaker.Settings, v *breaker.FleetView) breaker.FleetMember {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.scope, f.settings, f.view = scope, s, v
+	return f
+}
+
+func (f *testFleet) Failed()    { f.mu.Lock(); f.failed++; f.mu.Unlock() }
+func (f *testFleet) Recovered() { f.mu.Lock(); f.recovered++; f.mu.Unlock() }
+
+func (f *testFleet) Probe(context.Context) (breaker.ProbeLease, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.probeErr != nil {
+		return nil, f.probeErr
+	}
+	return lease{f}, nil
+}
+
+type lease struct{ f *testFleet }
+
+func (l lease) Done(v herdguard.Verdict) {
+	l.f.mu.Lock()
+	l.f.verdicts = append(l.f.verdicts, v)
+	l.f.mu.Unlock()
+	if v == herdguard.Success {
+		l.f.view.Calm()
+	}
+}
+
+func (f *testFleet) counts() (failed, recovered int, verdicts []herdguard.Verdict) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failed, f.recovered, append([]herdguard.Verdict(nil), f.verdicts...)
+}
+
+func sharedBreaker(t *testing.T) (*breaker.Breaker, *testFleet) {
+	t.Helper()
+	f := &testFleet{}
+	b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 3, Fleet: f})
+	if f.view == nil || f.scope != "dns:///pay" || f.settings.ConsecutiveFailures != 3 || f.settings.OpenTimeout != breaker.DefaultOpenTimeout {
+		t.Fatalf("Join got scope %q and settings %+v, want the scope and the settings with defaults filled", f.scope, f.settings)
+	}
+	return b, f
+}
+
+func TestFleetUnheardLeavesTheReplicaAlone(t *testing.T) {
+	b, f := sharedBreaker(t)
+	if b.Shared() {
+		t.Error("a breaker whose fleet never spoke reports itself shared")
+	}
+	for range 3 {
+		run(t, b, herdguard.Failure)
+	}
+	if b.State() != breaker.Open {
+		t.Errorf("state %v: the replica's own breaker must decide while the fleet is unheard", b.State())
+	}
+	if failed, _, _ := f.counts(); failed != 0 {
+		t.Errorf("told an unheard fleet of %d failures", failed)
+	}
+}
+
+func TestFleetCalmCountsFailuresAndRecoveries(t *testing.T) {
+	b, f := sharedBreaker(t)
+	f.view.Calm()
+	if !b.Shared() {
+		t.Fatal("a breaker whose fleet is calm does not report itself shared")
+	}
+	run(t, b, herdguard.Success)
+	run(t, b, herdguard.Failure)
+	run(t, b, herdguard.Ignored)
+	if failed, recovered, _ := f.counts(); failed != 1 || recovered != 0 {
+		t.Errorf("after success, failure, ignored on a calm fleet: told %d failures, %d recoveries; want 1, 0", failed, recovered)
+	}
+	// the fleet counts failures: this replica's next success ends their run, once
+	f.view.Suspect()
+	run(t, b, herdguard.Success)
+	run(t, b, herdguard.Success)
+	if _, recovered, _ := f.counts(); recovered != 1 {
+		t.Errorf("two successes while the fleet is suspect: %d recoveries told, want 1", recovered)
+	}
+	if s, ok := f.view.State(); !ok || s != breaker.Closed {
+		t.Errorf("fleet view %v (%v), want closed", s, ok)
+	}
+	// the replica's own breaker still counts its own run
+	for range 3 {
+		run(t, b, herdguard.Failure)
+	}
+	if ran, _, err := run(t, b, herdguard.Success); ran || !errors.Is(err, breaker.ErrOpen) {
+		t.Errorf("after 3 failures of its own: ran %v, %v; want the replica's own breaker to refuse", ran, err)
+	} else if oe := new(breaker.OpenError); errors.As(err, &oe) && oe.Shared {
+		t.Errorf("the replica's own refusal says it is shared: %v", err)
+	}
+}
+
+func TestFleetOpenRefusesThenLeasesProbes(t *testing.T) {
+	b, f := sharedBreaker(t)
+	f.view.Open(time.Hour)
+	ran, _, err := run(t, b, herdguard.Success)
+	var oe *breaker.OpenError
+	if ran || !errors.As(err, &oe) || !oe.Shared || oe.State != breaker.Open {
+		t.Fatalf("open fleet: ran %v, err %v; want a shared refusal", ran, err)
+	}
+	if s := b.State(); s != breaker.Closed {
+		t.Errorf("the replica's own state %v, want closed: the fleet refused", s)
+	}
+
+	// the open period is over: a lease makes the call a probe
+	f.view.Open(-time.Millisecond)
+	before, after, err := b.Execute(func(probe bool) herdguard.Verdict {
+		if !probe {
+			t.Error("a call on a fleet lease was not told it is a probe")
+		}
+		return herdguard.Success
+	})
+	if err != nil || before != breaker.HalfOpen || after != breaker.Closed {
+		t.Errorf("probe: before %v, after %v, %v; want half-open, closed, nil", before, after, err)
+	}
+	if _, _, v := f.counts(); len(v) != 1 || v[0] != herdguard.Success {
+		t.Errorf("probe verdicts %v, want [success]", v)
+	}
+
+	// the fleet's probes are taken: a shared half-open refusal
+	f.view.Open(-time.Millisecond)
+	f.probeErr = breaker.ErrProbesTaken
+	ran, _, err = run(t, b, herdguard.Success)
+	if ran || !errors.As(err, &oe) || !oe.Shared || oe.State != breaker.HalfOpen {
+		t.Errorf("probes taken: ran %v, err %v; want a shared half-open refusal", ran, err)
+	}
+
+	// the store does not answer: the replica's own breaker decides
+	f.probeErr = errors.New("redis: connection refused")
+	if ran, probe, err := run(t, b, herdguard.Success); !ran || probe || err != nil {
+		t.Errorf("store down: ran %v, probe %v, %v; want the call sent, not as a probe", ran, probe, err)
+	}
+}
+
+func TestFleetProbeThatPanicsFails(t *testing.T) {
+	b, f := sharedBreaker(t)
+	f.view.Open(-time.Millisecond)
+	func() {
+		defer func() { _ = recover() }()
+		b.Execute(func(bool) herdguard.Verdict { panic("boom") })
+	}()
+	if _, _, v := f.counts(); len(v) != 1 || v[0] != herdguard.Failure {
+		t.Errorf("verdicts %v, want [failure]", v)
+	}
+}
+
+func TestFleetAllow(t *testing.T) {
+	b, f := sharedBreaker(t)
+	f.view.Suspect()
+	done, probe, err := b.Allow()
+	if err != nil || probe {
+		t.Fatalf("Allow on a suspect fleet: probe %v, %v", probe, err)
+	}
+	done(herdguard.Success)
+	if _, recovered, _ := f.counts(); recovered != 1 {
+		t.Errorf("a stream's success on a suspect fleet: %d recoveries told, want 1", recovered)
+	}
+
+	f.view.Open(time.Hour)
+	if _, _, err := b.Allow(); !errors.Is(err, breaker.ErrOpen) {
+		t.Errorf("Allow on an open fleet: %v, want a refusal", err)
+	}
+	f.view.Open(-time.Millisecond)
+	done, probe, err = b.Allow()
+	if err != nil || !probe {
+		t.Fatalf("Allow once the open period is over: probe %v, %v; want a probe", probe, err)
+	}
+	done(herdguard.Failure)
+	done(herdguard.Success) // later calls do nothing
+	if _, _, v := f.counts(); len(v) != 1 || v[0] != herdguard.Failure {
+		t.Errorf("probe verdicts %v, want [failure]", v)
+	}
+
+	f.view.Calm()
+	done, _, err = b.Allow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done(herdguard.Failure)
+	if failed, _, _ := f.counts(); failed != 1 {
+		t.Errorf("a stream's failure told %d times, want 1", failed)
+	}
+	f.view.Lost()
+	if b.Shared() {
+		t.Error("a breaker whose store is lost reports itself shared")
+	}
+}
+
+func TestOpenErrorSaysShared(t *testing.T) {
+	e := &breaker.OpenError{Scope: "dns:///pay", State: breaker.Open, Shared: true}
+	if got := e.Error(); got != "herdguard: the fleet's circuit breaker for dns:///pay is open; call not sent" {
+		t.Errorf("Error() = %q", got)
+	}
+}
