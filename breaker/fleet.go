@@ -219,3 +219,13 @@ func (b *Breaker) sharedState() State {
 // Shared reports whether the breaker follows a fleet's shared breaker now
 // (Settings.Fleet is set and its store answers).
 func (b *Breaker) Shared() bool { return b.view != nil && b.view.Shared() }
+
+// FleetState returns the state of the fleet's shared breaker as this
+// replica last heard it; ok is false when the breaker is not shared or its
+// store does not answer.
+func (b *Breaker) FleetState() (s State, ok bool) {
+	if b.view == nil {
+		return Closed, false
+	}
+	return b.view.State()
+}

@@ -1,9 +1,12 @@
 package interceptor
 
 import (
+	"errors"
 	"fmt"
 
 	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/breaker"
 )
 
 // Outcome says how a call ended; it is the herdguard.outcome span attribute.
@@ -22,6 +25,9 @@ const (
 	// OutcomeBreakerOpen: the circuit breaker refused the call; nothing was
 	// sent.
 	OutcomeBreakerOpen Outcome = "breaker_open"
+	// OutcomeBreakerOpenShared: the fleet's shared circuit breaker refused
+	// the call (see breaker.Fleet); nothing was sent.
+	OutcomeBreakerOpenShared Outcome = "breaker_open_shared"
 	// OutcomeDeadline: the caller's deadline ended the call, during an
 	// attempt or a wait, or the next wait would have outlasted it.
 	OutcomeDeadline Outcome = "deadline"
@@ -90,3 +96,12 @@ func (e *RetryError) Unwrap() error { return e.Err }
 // GRPCStatus returns the last attempt's status, so that status.Code and
 // status.FromError see through the wrapper.
 func (e *RetryError) GRPCStatus() *status.Status { return status.Convert(e.Err) }
+
+// refusalOutcome is the outcome of a call the breaker refused with err.
+func refusalOutcome(err error) Outcome {
+	var oe *breaker.OpenError
+	if errors.As(err, &oe) && oe.Shared {
+		return OutcomeBreakerOpenShared
+	}
+	return OutcomeBreakerOpen
+}

@@ -101,12 +101,15 @@ func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group) {
 		metric.WithDescription("Hedges sent (attempts after a hedged call's first), by method and whether the hedge won."))
 	report(e)
 	gauge, e := meter.Int64ObservableGauge(MetricBreakerState, metric.WithUnit("1"),
-		metric.WithDescription("Circuit breaker state per scope: 0 closed, 1 half-open, 2 open."))
+		metric.WithDescription("Circuit breaker state per scope: 0 closed, 1 half-open, 2 open; herdguard.breaker.shared tells the replica's own breaker from the fleet's."))
 	report(e)
 	if e == nil && breakers != nil {
 		_, e = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 			breakers.Each(func(b *breaker.Breaker) {
-				o.ObserveInt64(gauge, int64(b.LastState()), metric.WithAttributes(AttrBreakerScope.String(b.Scope())))
+				o.ObserveInt64(gauge, int64(b.LastState()), metric.WithAttributes(AttrBreakerScope.String(b.Scope()), AttrBreakerShared.Bool(false)))
+				if s, ok := b.FleetState(); ok {
+					o.ObserveInt64(gauge, int64(s), metric.WithAttributes(AttrBreakerScope.String(b.Scope()), AttrBreakerShared.Bool(true)))
+				}
 			})
 			return nil
 		}, gauge)

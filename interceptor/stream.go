@@ -184,7 +184,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 			if s.span != nil && errors.As(err, &oe) {
 				breakerRejected(s.span, oe)
 			}
-			s.outcome = OutcomeBreakerOpen
+			s.outcome = refusalOutcome(err)
 			if s.cancelTimeout != nil {
 				s.cancelTimeout()
 			}

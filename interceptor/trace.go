@@ -42,6 +42,7 @@ const (
 	AttrBreakerFrom    = attribute.Key("herdguard.breaker.from")
 	AttrBreakerTo      = attribute.Key("herdguard.breaker.to")
 	AttrBreakerProbe   = attribute.Key("herdguard.breaker.probe")
+	AttrBreakerShared  = attribute.Key("herdguard.breaker.shared") // the fleet's shared breaker, not the replica's own
 
 	AttrHedge       = attribute.Key("herdguard.hedge")        // an attempt that was a hedge
 	AttrHedgeWon    = attribute.Key("herdguard.hedge.won")    // the attempt whose answer the caller got
@@ -228,7 +229,7 @@ func startBackoff(ctx context.Context, tr trace.Tracer, next int, delayMS float6
 
 func breakerRejected(span trace.Span, err *breaker.OpenError) {
 	span.AddEvent(EventBreakerRejected, trace.WithAttributes(
-		AttrBreakerScope.String(err.Scope), AttrBreakerState.String(err.State.String())))
+		AttrBreakerScope.String(err.Scope), AttrBreakerState.String(err.State.String()), AttrBreakerShared.Bool(err.Shared)))
 }
 
 func breakerChanged(span trace.Span, scope string, from, to breaker.State) {

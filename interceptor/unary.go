@@ -135,7 +135,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 			return ic.verdict(ctx, err, c.idle)
 		})
 		if berr != nil {
-			err, c.outcome = berr, OutcomeBreakerOpen
+			err, c.outcome = berr, refusalOutcome(berr)
 		}
 		if span != nil {
 			var oe *breaker.OpenError
