@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/herdguard/herdguard/internal/jaegerlab"
+	"github.com/herdguard/herdguard/internal/proc"
 )
 
 type options struct {
@@ -163,8 +164,8 @@ func demo(ctx context.Context, j *jaegerlab.Jaeger, o options) ([]string, error)
 }
 
 // start starts a demo binary, saying how to build it when it is missing.
-func start(bin string, stdout, stderr io.Writer, args ...string) (*jaegerlab.Process, error) {
-	p, err := jaegerlab.StartProcess(bin, stdout, stderr, nil, args...)
+func start(bin string, stdout, stderr io.Writer, args ...string) (*proc.Process, error) {
+	p, err := proc.Start(bin, stdout, stderr, nil, args...)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w (build it with `make build`)", err)
 	}
@@ -172,7 +173,7 @@ func start(bin string, stdout, stderr io.Writer, args ...string) (*jaegerlab.Pro
 }
 
 // waitFile waits for the file a starting server writes its address to.
-func waitFile(ctx context.Context, path string, p *jaegerlab.Process, bound time.Duration) (string, error) {
+func waitFile(ctx context.Context, path string, p *proc.Process, bound time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	for {

@@ -1,7 +1,6 @@
 // Package jaegerlab starts a real Jaeger v2 (the binary `make jaeger`
-// builds from Jaeger's Go module) on 127.0.0.1 with free ports, reads traces
-// back through its HTTP query API, and starts and stops the processes of
-// the trace demo by their process ids.
+// builds from Jaeger's Go module) on 127.0.0.1 with free ports and reads
+// traces back through its HTTP query API.
 package jaegerlab
 
 import (
@@ -18,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/proc"
 	"github.com/herdguard/herdguard/internal/stormlab"
 )
 
@@ -39,13 +39,13 @@ type Jaeger struct {
 	OTLPHTTP string // OTLP HTTP receiver, host:port
 	QueryURL string // the query service (HTTP API and UI), http://host:port
 
-	*Process
+	*proc.Process
 	log *tail
 }
 
 // Start runs Jaeger with o's configuration on free loopback ports and
 // returns once its receivers and its query service answer. Stop it with
-// [Process.Stop]; on Linux it also dies with the process that started it.
+// [proc.Process.Stop]; on Linux it also dies with the process that started it.
 func Start(ctx context.Context, o Options) (*Jaeger, error) {
 	if _, err := os.Stat(o.Bin); err != nil {
 		return nil, fmt.Errorf("jaeger binary %s: %w (build it with `make jaeger`)", o.Bin, err)
@@ -66,7 +66,7 @@ func Start(ctx context.Context, o Options) (*Jaeger, error) {
 			return nil, fmt.Errorf("jaeger-ui build: %w", err)
 		}
 	}
-	ports, err := freePorts(4)
+	ports, err := proc.FreePorts(4)
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +87,7 @@ func Start(ctx context.Context, o Options) (*Jaeger, error) {
 	if o.Log != nil {
 		out = io.MultiWriter(j.log, o.Log)
 	}
-	if j.Process, err = StartProcess(o.Bin, out, out, env, "--config", "file:"+cfg); err != nil {
+	if j.Process, err = proc.Start(o.Bin, out, out, env, "--config", "file:"+cfg); err != nil {
 		return nil, err
 	}
 
@@ -267,26 +267,6 @@ func getJSON(ctx context.Context, url string, v any) error {
 		return fmt.Errorf("GET %s: %w", url, err)
 	}
 	return nil
-}
-
-// freePorts returns n distinct ports free on 127.0.0.1 a moment ago.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("finding a free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // tail keeps the last max bytes written to it.

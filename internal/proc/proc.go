@@ -1,10 +1,13 @@
-package jaegerlab
+// Package proc starts child processes and stops them by their process id:
+// the demo's servers, Jaeger and Redis, for the demos and the tests.
+package proc
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"sync"
@@ -20,10 +23,10 @@ type Process struct {
 	stopMu sync.Mutex
 }
 
-// StartProcess starts bin with args, its output going to stdout and
+// Start starts bin with args, its output going to stdout and
 // stderr, in env (nil: this process's). On Linux the child is killed if
 // the process that started it dies first.
-func StartProcess(bin string, stdout, stderr io.Writer, env []string, args ...string) (*Process, error) {
+func Start(bin string, stdout, stderr io.Writer, env []string, args ...string) (*Process, error) {
 	if _, err := os.Stat(bin); err != nil {
 		return nil, err
 	}
@@ -83,4 +86,24 @@ func (p *Process) Stop() error {
 		}
 	}
 	return p.err
+}
+
+// FreePorts returns n distinct ports free on 127.0.0.1 a moment ago.
+func FreePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("finding a free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
 }

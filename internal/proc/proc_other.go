@@ -1,6 +1,6 @@
 //go:build !linux
 
-package jaegerlab
+package proc
 
 import "syscall"
 

@@ -1,4 +1,4 @@
-package jaegerlab
+package proc
 
 import "syscall"
 
