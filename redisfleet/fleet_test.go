@@ -1,0 +1,445 @@
+package redisfleet_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.uber.org/goleak"
+
+	"github.com/herdguard/herdguard"
+	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/redisfleet"
+	"github.com/herdguard/herdguard/redisfleet/internal/redistest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const scope = "dns:///payments.internal:443"
+
+// client returns a go-redis client configured as the package documents.
+func client(t testing.TB, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true,
+		DialTimeout: 100 * time.Millisecond, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond,
+		MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// replica is one process of the fleet: its own client, fleet and breaker.
+type replica struct {
+	fleet *redisfleet.Fleet
+	b     *breaker.Breaker
+	log   *syncBuffer
+	rec   *sdkmetric.ManualReader
+}
+
+func newReplica(t testing.TB, addr string, s breaker.Settings, opts redisfleet.Options) *replica {
+	t.Helper()
+	r := &replica{log: &syncBuffer{}, rec: sdkmetric.NewManualReader()}
+	opts.Client = client(t, addr)
+	opts.Logger = slog.New(slog.NewTextHandler(r.log, nil))
+	opts.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(r.rec))
+	f, err := redisfleet.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	r.fleet = f
+	s.Fleet = f
+	if r.b, err = breaker.New(scope, s); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := f.WaitSynced(ctx); err != nil {
+		t.Fatalf("the fleet did not sync: %v", err)
+	}
+	eventually(t, "the breaker follows the fleet", r.b.Shared)
+	return r
+}
+
+// call makes one call through the replica's breaker that ends with v.
+func (r *replica) call(v herdguard.Verdict) (ran bool, err error) {
+	_, _, err = r.b.Execute(func(bool) herdguard.Verdict { ran = true; return v })
+	return ran, err
+}
+
+func (r *replica) counter(t testing.TB, name string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.rec.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == name {
+				if s, ok := m.Data.(metricdata.Sum[int64]); ok {
+					var n int64
+					for _, p := range s.DataPoints {
+						n += p.Value
+					}
+					return n
+				}
+				if g, ok := m.Data.(metricdata.Gauge[int64]); ok && len(g.DataPoints) == 1 {
+					return g.DataPoints[0].Value
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// eventually waits, up to a wide 5 s, for cond.
+func eventually(t testing.TB, what string, cond func() bool) time.Duration {
+	t.Helper()
+	began := time.Now()
+	for !cond() {
+		if time.Since(began) > 5*time.Second {
+			t.Fatalf("%s: not within 5 s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return time.Since(began)
+}
+
+func fleetState(r *replica) breaker.State {
+	s, _ := r.b.FleetState()
+	return s
+}
+
+func refusedShared(err error) bool {
+	var oe *breaker.OpenError
+	return errors.As(err, &oe) && oe.Shared
+}
+
+func TestOptionsAreChecked(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	for _, tt := range []struct {
+		opts redisfleet.Options
+		want string
+	}{
+		{redisfleet.Options{}, "Options.Client"},
+		{redisfleet.Options{Client: c, Timeout: -1}, "Options.Timeout = -1ns"},
+		{redisfleet.Options{Client: c, TTL: -time.Second}, "Options.TTL = -1s"},
+		{redisfleet.Options{Client: c, Queue: -3}, "Options.Queue = -3"},
+	} {
+		if _, err := redisfleet.New(tt.opts); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("New(%+v) = %v, want an error naming %s", tt.opts, err, tt.want)
+		}
+	}
+}
+
+func TestFleetOpensTogether(t *testing.T) {
+	srv := redistest.Start(t)
+	s := breaker.Settings{ConsecutiveFailures: 3, OpenTimeout: time.Hour}
+	a := newReplica(t, srv.Addr, s, redisfleet.Options{})
+	b := newReplica(t, srv.Addr, s, redisfleet.Options{})
+
+	// failures of both replicas count in one run
+	a.call(herdguard.Failure)
+	a.call(herdguard.Failure)
+	eventually(t, "the other replica hears the fleet is suspect", func() bool {
+		return b.b.Shared() && fleetState(b) == breaker.Closed
+	})
+	if ran, err := b.call(herdguard.Failure); !ran || err != nil {
+		t.Fatalf("the third failure was refused: %v", err)
+	}
+	took := eventually(t, "replica a refuses after b's failure opened the fleet", func() bool {
+		_, err := a.call(herdguard.Success)
+		return refusedShared(err)
+	})
+	t.Logf("replica a refused %v after b's third failure", took)
+	if ran, err := b.call(herdguard.Success); ran || !refusedShared(err) {
+		t.Errorf("replica b: ran %v, %v; want a shared refusal", ran, err)
+	}
+	// neither replica's own breaker opened: the fleet did
+	if a.b.State() != breaker.Closed || b.b.State() != breaker.Closed {
+		t.Errorf("own breakers %v and %v, want both closed", a.b.State(), b.b.State())
+	}
+}
+
+func TestASuccessEndsTheFleetRun(t *testing.T) {
+	srv := redistest.Start(t)
+	s := breaker.Settings{ConsecutiveFailures: 3, OpenTimeout: time.Hour}
+	a := newReplica(t, srv.Addr, s, redisfleet.Options{})
+	b := newReplica(t, srv.Addr, s, redisfleet.Options{})
+	a.call(herdguard.Failure)
+	a.call(herdguard.Failure)
+	eventually(t, "Redis counts 2 failures", func() bool { return failures(t, srv.Addr) == 2 })
+	// b's success, once b heard the fleet is suspect, ends the run
+	eventually(t, "b's success ends the fleet's run of failures", func() bool {
+		b.call(herdguard.Success)
+		return failures(t, srv.Addr) == 0
+	})
+	a.call(herdguard.Failure) // a's own run is 3 now: its own breaker opened
+	b.call(herdguard.Failure)
+	eventually(t, "Redis counts 2 new failures", func() bool { return failures(t, srv.Addr) == 2 })
+	if st := client(t, srv.Addr).HGet(context.Background(), redisfleet.DefaultPrefix+scope, "st").Val(); st == "o" {
+		t.Error("2 failures after a success opened the fleet")
+	}
+}
+
+// failures returns the fleet's run of failed calls, as Redis counts it.
+func failures(t testing.TB, addr string) int {
+	n, _ := client(t, addr).HGet(context.Background(), redisfleet.DefaultPrefix+scope, "f").Int()
+	return n
+}
+
+// suspect reports whether the scope's hash counts failures.
+func suspect(t testing.TB, addr string) bool { return failures(t, addr) > 0 }
+
+func TestOneProbeAcrossTheFleet(t *testing.T) {
+	srv := redistest.Start(t)
+	s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 300 * time.Millisecond}
+	var fleet []*replica
+	for range 6 {
+		fleet = append(fleet, newReplica(t, srv.Addr, s, redisfleet.Options{}))
+	}
+	fleet[0].call(herdguard.Failure) // opens the fleet; in round 1, the failed probe of round 0 has
+	for round := range 2 {
+		for _, r := range fleet {
+			eventually(t, "every replica hears the fleet opened", func() bool { return fleetState(r) != breaker.Closed })
+		}
+		time.Sleep(350 * time.Millisecond) // the open period ends
+
+		release := make(chan struct{})
+		var probes, refused atomic.Int32
+		var wg sync.WaitGroup
+		for _, r := range fleet {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, _, err := r.b.Execute(func(probe bool) herdguard.Verdict {
+					if probe {
+						probes.Add(1)
+					}
+					<-release
+					if round == 0 {
+						return herdguard.Failure // the probe fails: open again
+					}
+					return herdguard.Success
+				})
+				if refusedShared(err) {
+					refused.Add(1)
+				}
+			}()
+		}
+		eventually(t, "five replicas are refused", func() bool { return refused.Load() == 5 })
+		close(release)
+		wg.Wait()
+		if probes.Load() != 1 {
+			t.Fatalf("round %d: %d probes across the fleet, want 1", round, probes.Load())
+		}
+		if round == 0 {
+			for _, r := range fleet {
+				eventually(t, "the failed probe opens the fleet again", func() bool { return fleetState(r) == breaker.Open })
+			}
+		}
+	}
+	for _, r := range fleet {
+		eventually(t, "the probe's success closes the fleet", func() bool { return fleetState(r) == breaker.Closed })
+		if ran, err := r.call(herdguard.Success); !ran || err != nil {
+			t.Errorf("after the fleet closed: ran %v, %v", ran, err)
+		}
+	}
+	var leases int64
+	for _, r := range fleet {
+		leases += r.counter(t, redisfleet.MetricProbes)
+	}
+	if leases != 2 {
+		t.Errorf("the replicas counted %d leases in two open periods, want 2", leases)
+	}
+}
+
+func TestAProbeLeaseLapses(t *testing.T) {
+	srv := redistest.Start(t)
+	s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 200 * time.Millisecond}
+	a := newReplica(t, srv.Addr, s, redisfleet.Options{})
+	b := newReplica(t, srv.Addr, s, redisfleet.Options{})
+	a.call(herdguard.Failure)
+	eventually(t, "b hears", func() bool { return fleetState(b) != breaker.Closed })
+	time.Sleep(250 * time.Millisecond)
+	// a takes the lease and never reports, as a replica that died would
+	blocked, leased := make(chan struct{}), make(chan bool)
+	go a.b.Execute(func(probe bool) herdguard.Verdict { leased <- probe; <-blocked; return herdguard.Ignored })
+	defer close(blocked)
+	if !<-leased {
+		t.Fatal("a's call did not run as the fleet's probe")
+	}
+	eventually(t, "b is refused while a's lease lasts", func() bool {
+		_, err := b.call(herdguard.Success)
+		return refusedShared(err)
+	})
+	eventually(t, "b gets a probe once the lease lapses (one open period)", func() bool {
+		ran, _ := b.call(herdguard.Success)
+		return ran
+	})
+}
+
+func TestRedisKilledFallsBackAndRejoins(t *testing.T) {
+	srv := redistest.Start(t)
+	s := breaker.Settings{ConsecutiveFailures: 3, OpenTimeout: time.Hour}
+	a := newReplica(t, srv.Addr, s, redisfleet.Options{})
+	b := newReplica(t, srv.Addr, s, redisfleet.Options{})
+
+	srv.Kill()
+	// no call fails or waits because Redis is gone
+	for i := range 200 {
+		began := time.Now()
+		ran, err := a.call(herdguard.Success)
+		if !ran || err != nil {
+			t.Fatalf("call %d with Redis gone: ran %v, %v", i, ran, err)
+		}
+		if d := time.Since(began); d > 20*time.Millisecond {
+			t.Fatalf("call %d waited %v", i, d)
+		}
+	}
+	began := time.Now()
+	a.call(herdguard.Failure) // queued for the worker: the caller does not wait
+	if d := time.Since(began); d > 20*time.Millisecond {
+		t.Errorf("a failure with Redis gone waited %v", d)
+	}
+	eventually(t, "both replicas fall back to their own breakers", func() bool { return !a.b.Shared() && !b.b.Shared() })
+	// each replica's own breaker decides
+	a.call(herdguard.Failure)
+	a.call(herdguard.Failure)
+	if ran, err := a.call(herdguard.Success); ran || err == nil || refusedShared(err) {
+		t.Errorf("with Redis gone, a's own breaker after 3 failures: ran %v, %v; want its own refusal", ran, err)
+	}
+	for range 20 {
+		a.call(herdguard.Failure)
+	}
+	eventually(t, "the loss is counted", func() bool { return a.counter(t, redisfleet.MetricLost) == 1 })
+	if n := strings.Count(a.log.String(), "cannot be reached"); n != 1 {
+		t.Errorf("the loss was logged %d times, want once:\n%s", n, a.log.String())
+	}
+	if v := a.counter(t, redisfleet.MetricReachable); v != 0 {
+		t.Errorf("reachable = %d while Redis is gone", v)
+	}
+
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	took := eventually(t, "both replicas rejoin the fleet", func() bool { return a.b.Shared() && b.b.Shared() })
+	t.Logf("rejoined %v after Redis restarted", took)
+	if !strings.Contains(a.log.String(), "answers again") {
+		t.Errorf("the return was not logged:\n%s", a.log.String())
+	}
+	if v := a.counter(t, redisfleet.MetricReachable); v != 1 {
+		t.Errorf("reachable = %d after Redis returned", v)
+	}
+	// the fleet works again: b's failures open it for a too
+	for range 3 {
+		b.call(herdguard.Failure)
+	}
+	eventually(t, "the fleet opens again", func() bool { return fleetState(a) == breaker.Open })
+}
+
+func TestSlowRedisNeverHoldsACall(t *testing.T) {
+	srv := redistest.Start(t)
+	s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 100 * time.Millisecond}
+	a := newReplica(t, srv.Addr, s, redisfleet.Options{Timeout: 50 * time.Millisecond})
+	a.call(herdguard.Failure)
+	eventually(t, "the fleet opens", func() bool { return fleetState(a) == breaker.Open })
+	time.Sleep(150 * time.Millisecond) // the open period ends: the next call asks Redis for a lease
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	began := time.Now()
+	ran, err := a.call(herdguard.Success)
+	d := time.Since(began)
+	if !ran || err != nil {
+		t.Errorf("with Redis hung, the call: ran %v, %v; want it sent on the replica's own breaker", ran, err)
+	}
+	if d > 500*time.Millisecond { // the bound is 50 ms; a wide margin for a loaded machine
+		t.Errorf("the call waited %v for a hung Redis", d)
+	}
+	if a.b.Shared() {
+		t.Error("the breaker still follows a hung Redis")
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the replica rejoins once Redis answers", a.b.Shared)
+}
+
+func TestStateOfADeadReplicaExpires(t *testing.T) {
+	srv := redistest.Start(t)
+	s := breaker.Settings{ConsecutiveFailures: 5, OpenTimeout: 100 * time.Millisecond}
+	a := newReplica(t, srv.Addr, s, redisfleet.Options{TTL: 300 * time.Millisecond})
+	a.call(herdguard.Failure)
+	eventually(t, "the failure is counted", func() bool { return suspect(t, srv.Addr) })
+	a.fleet.Close() // the replica dies
+	eventually(t, "its state expires", func() bool {
+		n, err := client(t, srv.Addr).Exists(context.Background(), redisfleet.DefaultPrefix+scope).Result()
+		return err == nil && n == 0
+	})
+}
+
+// TestCalmCallsMakeNoRoundTrip counts the commands Redis processed while a
+// replica made 1000 healthy calls and one failed call.
+func TestCalmCallsMakeNoRoundTrip(t *testing.T) {
+	srv := redistest.Start(t)
+	a := newReplica(t, srv.Addr, breaker.Settings{}, redisfleet.Options{})
+	before := commands(t, srv.Addr)
+	for range 1000 {
+		a.call(herdguard.Success)
+	}
+	a.call(herdguard.Failure)
+	eventually(t, "the failure reaches Redis", func() bool { return suspect(t, srv.Addr) })
+	// the failure's script, the recovery after it, this test's own reads and
+	// INFO, and a ping or two of the subscriber's health check
+	if n := commands(t, srv.Addr) - before; n > 20 {
+		t.Errorf("Redis processed %d commands for 1000 healthy calls and 1 failure", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { a.call(herdguard.Success) }); n != 0 {
+		t.Errorf("a healthy call on a shared breaker allocates %v times", n)
+	}
+}
+
+func commands(t testing.TB, addr string) int {
+	t.Helper()
+	info, err := client(t, addr).Info(context.Background(), "stats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	t.Fatal("INFO stats has no total_commands_processed")
+	return 0
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

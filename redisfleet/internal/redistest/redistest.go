@@ -1,0 +1,204 @@
+// Package redistest runs Debian's redis-server for tests and demos: on
+// 127.0.0.1 with a free port and a temporary directory, no persistence,
+// stopped by its process id.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/herdguard/herdguard/internal/proc"
+)
+
+// Install says how to get redis-server.
+const Install = "install it with `apt-get install redis-server` (Debian, Ubuntu), or put a redis-server binary on PATH"
+
+// Server is a running redis-server.
+type Server struct {
+	Addr string // 127.0.0.1:port
+	bin  string
+	dir  string
+	port int
+
+	mu sync.Mutex
+	p  *proc.Process
+}
+
+// Find returns the path of redis-server, or an error saying how to get it.
+func Find() (string, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", fmt.Errorf("redis-server not found: %s", Install)
+	}
+	return bin, nil
+}
+
+// Start runs redis-server for the test and stops it when the test ends.
+// Without redis-server the test is skipped, saying how to install it, or,
+// under CI (CI=true), fails.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin, err := Find()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%v (CI installs it: .ci/run)", err)
+		}
+		t.Skip(err)
+	}
+	s, err := StartServer(bin, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Stop() })
+	return s
+}
+
+// StartServer runs bin on a free port of 127.0.0.1 with dir as its
+// working directory, and returns once it answers.
+func StartServer(bin, dir string) (*Server, error) {
+	var last error
+	for range 5 { // a free port may be taken between finding and binding it
+		ports, err := proc.FreePorts(1)
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{bin: bin, dir: dir, port: ports[0], Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))}
+		if last = s.start(); last == nil {
+			return s, nil
+		}
+	}
+	return nil, last
+}
+
+func (s *Server) start() error {
+	logf := filepath.Join(s.dir, "redis.log")
+	p, err := proc.Start(s.bin, nil, nil, nil,
+		"--bind", "127.0.0.1", "--port", strconv.Itoa(s.port), "--dir", s.dir, "--logfile", logf,
+		"--save", "", "--appendonly", "no", "--protected-mode", "yes", "--daemonize", "no")
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := ping(s.Addr); err == nil {
+			break
+		}
+		select {
+		case <-p.Done():
+			b, _ := os.ReadFile(logf)
+			return fmt.Errorf("redis-server on %s exited: %v\n%s", s.Addr, p.Err(), tail(b))
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.Stop()
+			return fmt.Errorf("redis-server on %s did not answer within 10 s", s.Addr)
+		}
+	}
+	s.mu.Lock()
+	s.p = p
+	s.mu.Unlock()
+	return nil
+}
+
+// PID is the process id of the running server, 0 when stopped.
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.p == nil {
+		return 0
+	}
+	return s.p.PID()
+}
+
+// Stop ends the server by its process id (SIGTERM).
+func (s *Server) Stop() {
+	s.mu.Lock()
+	p := s.p
+	s.p = nil
+	s.mu.Unlock()
+	if p != nil {
+		p.Stop()
+	}
+}
+
+// Kill ends the server at once (SIGKILL), as a crash would: its data is
+// lost.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	p := s.p
+	s.p = nil
+	s.mu.Unlock()
+	if p != nil {
+		_ = syscall.Kill(p.PID(), syscall.SIGKILL)
+		<-p.Done()
+	}
+}
+
+// Pause stops the server without ending it (SIGSTOP): it accepts
+// connections and answers nothing, as an overloaded Redis would. Resume
+// it with Resume.
+func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) error {
+	pid := s.PID()
+	if pid == 0 {
+		return errors.New("redis-server is not running")
+	}
+	return syscall.Kill(pid, sig)
+}
+
+// Restart starts a stopped or killed server again on the same port, empty.
+func (s *Server) Restart() error {
+	var err error
+	for range 50 { // the port may linger a moment after a kill
+		if err = s.start(); err == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return err
+}
+
+// ping sends PING in the Redis protocol and waits for +PONG.
+func ping(addr string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "+PONG\r\n" {
+		return fmt.Errorf("PING answered %q", line)
+	}
+	return nil
+}
+
+func tail(b []byte) []byte {
+	if len(b) > 2000 {
+		return b[len(b)-2000:]
+	}
+	return b
+}
