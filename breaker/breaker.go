@@ -313,7 +313,7 @@ func (b *Breaker) noteSuccess() {
 
 // executeQuiet runs fn without gobreaker and hands it only a failure. A
 // call that panics is a failure, as in gobreaker; the panic goes on.
-func (b *Breaker) executeQuiet(fn func(probe bool) herdguard.Verdict) (after State) {
+func (b *Breaker) executeQuiet(fn func(probe bool) herdguard.Verdict) (after State, v herdguard.Verdict) {
 	c := b.admitQuiet()
 	returned := false
 	defer func() {
@@ -321,10 +321,10 @@ func (b *Breaker) executeQuiet(fn func(probe bool) herdguard.Verdict) (after Sta
 			b.quietVerdict(c, herdguard.Failure)
 		}
 	}()
-	v := fn(false)
+	v = fn(false)
 	returned = true
 	b.quietVerdict(c, v)
-	return State(b.state.Load())
+	return State(b.state.Load()), v
 }
 
 // Execute runs fn if the breaker lets the call through, and records the
@@ -339,18 +339,21 @@ func (b *Breaker) Execute(fn func(probe bool) herdguard.Verdict) (before, after 
 	if b.view != nil {
 		return b.executeShared(fn)
 	}
-	return b.executeLocal(fn)
+	before, after, _, err = b.executeLocal(fn)
+	return before, after, err
 }
 
-// executeLocal is Execute by this replica's own breaker.
-func (b *Breaker) executeLocal(fn func(probe bool) herdguard.Verdict) (before, after State, err error) {
+// executeLocal is Execute by this replica's own breaker. It also returns
+// the verdict of fn, when fn ran.
+func (b *Breaker) executeLocal(fn func(probe bool) herdguard.Verdict) (before, after State, v herdguard.Verdict, err error) {
 	before = State(b.state.Load())
 	if b.quiet() {
-		return before, b.executeQuiet(fn), nil
+		after, v = b.executeQuiet(fn)
+		return before, after, v, nil
 	}
 	done, probe, err := b.admit()
 	if err != nil {
-		return before, State(b.state.Load()), err
+		return before, State(b.state.Load()), herdguard.Ignored, err
 	}
 	returned := false
 	defer func() {
@@ -358,10 +361,10 @@ func (b *Breaker) executeLocal(fn func(probe bool) herdguard.Verdict) (before, a
 			b.report(done, herdguard.Failure)
 		}
 	}()
-	v := fn(probe)
+	v = fn(probe)
 	returned = true
 	b.report(done, v)
-	return before, State(b.state.Load()), nil
+	return before, State(b.state.Load()), v, nil
 }
 
 // Allow asks to start a call whose verdict is known only later, such as a

@@ -120,18 +120,21 @@ func (v *FleetView) State() (s State, ok bool) {
 func (b *Breaker) executeShared(fn func(probe bool) herdguard.Verdict) (before, after State, err error) {
 	switch b.view.state.Load() {
 	case fleetCalm, fleetSuspect:
-		return b.executeLocal(func(probe bool) herdguard.Verdict {
-			v := fn(probe)
+		// A call that panics counts as a failure of this replica's own
+		// breaker only: the panic goes on before the fleet hears of it.
+		before, after, v, err := b.executeLocal(fn)
+		if err == nil {
 			b.tellFleet(v)
-			return v
-		})
+		}
+		return before, after, err
 	case fleetOpen:
 		lease, refusal := b.fleetProbe()
 		if refusal != nil {
 			return refusal.State, refusal.State, refusal
 		}
 		if lease == nil { // the store did not answer: this replica decides alone
-			return b.executeLocal(fn)
+			before, after, _, err = b.executeLocal(fn)
+			return before, after, err
 		}
 		returned := false
 		defer func() {
@@ -144,7 +147,8 @@ func (b *Breaker) executeShared(fn func(probe bool) herdguard.Verdict) (before, 
 		lease.Done(v)
 		return HalfOpen, b.sharedState(), nil
 	}
-	return b.executeLocal(fn)
+	before, after, _, err = b.executeLocal(fn)
+	return before, after, err
 }
 
 // allowShared is Allow for a breaker shared by a fleet.
