@@ -118,43 +118,41 @@ func (v *FleetView) State() (s State, ok bool) {
 
 // executeShared is Execute for a breaker shared by a fleet.
 func (b *Breaker) executeShared(fn func(probe bool) herdguard.Verdict) (before, after State, err error) {
-	switch b.view.state.Load() {
-	case fleetCalm, fleetSuspect:
-		// A call that panics counts as a failure of this replica's own
-		// breaker only: the panic goes on before the fleet hears of it.
+	if b.view.state.Load() != fleetOpen {
+		// Calm, suspect, or not heard from (at start, or with the store
+		// lost): this replica's own breaker decides, and the fleet hears
+		// of every failure (a store that cannot be reached drops them). A
+		// call that panics counts as a failure of the replica's own breaker
+		// only: the panic goes on before the fleet hears of it.
 		before, after, v, err := b.executeLocal(fn)
 		if err == nil {
 			b.tellFleet(v)
 		}
 		return before, after, err
-	case fleetOpen:
-		lease, refusal := b.fleetProbe()
-		if refusal != nil {
-			return refusal.State, refusal.State, refusal
-		}
-		if lease == nil { // the store did not answer: this replica decides alone
-			before, after, _, err = b.executeLocal(fn)
-			return before, after, err
-		}
-		returned := false
-		defer func() {
-			if !returned {
-				lease.Done(herdguard.Failure) // a probe that panics failed
-			}
-		}()
-		v := fn(true)
-		returned = true
-		lease.Done(v)
-		return HalfOpen, b.sharedState(), nil
 	}
-	before, after, _, err = b.executeLocal(fn)
-	return before, after, err
+	lease, refusal := b.fleetProbe()
+	if refusal != nil {
+		return refusal.State, refusal.State, refusal
+	}
+	if lease == nil { // the store did not answer: this replica decides alone
+		before, after, _, err = b.executeLocal(fn)
+		return before, after, err
+	}
+	returned := false
+	defer func() {
+		if !returned {
+			lease.Done(herdguard.Failure) // a probe that panics failed
+		}
+	}()
+	v := fn(true)
+	returned = true
+	lease.Done(v)
+	return HalfOpen, b.sharedState(), nil
 }
 
 // allowShared is Allow for a breaker shared by a fleet.
 func (b *Breaker) allowShared() (done func(herdguard.Verdict), probe bool, err error) {
-	switch b.view.state.Load() {
-	case fleetCalm, fleetSuspect:
+	if b.view.state.Load() != fleetOpen { // as in executeShared
 		ldone, probe, err := b.allowLocal()
 		if err != nil {
 			return nil, false, err
@@ -163,22 +161,20 @@ func (b *Breaker) allowShared() (done func(herdguard.Verdict), probe bool, err e
 			ldone(v)
 			b.tellFleet(v)
 		}, probe, nil
-	case fleetOpen:
-		lease, refusal := b.fleetProbe()
-		if refusal != nil {
-			return nil, false, refusal
-		}
-		if lease == nil {
-			return b.allowLocal()
-		}
-		var called atomic.Bool
-		return func(v herdguard.Verdict) {
-			if !called.Swap(true) {
-				lease.Done(v)
-			}
-		}, true, nil
 	}
-	return b.allowLocal()
+	lease, refusal := b.fleetProbe()
+	if refusal != nil {
+		return nil, false, refusal
+	}
+	if lease == nil {
+		return b.allowLocal()
+	}
+	var called atomic.Bool
+	return func(v herdguard.Verdict) {
+		if !called.Swap(true) {
+			lease.Done(v)
+		}
+	}, true, nil
 }
 
 // fleetProbe asks the fleet to let a call through its open breaker: a
