@@ -21,6 +21,8 @@ DEMO_ARGS ?= -compare -scale 4 -svg $(BIN)/storm.svg
 TRACE_ARGS ?= -strategy "herdguard defaults" -calls 100 -scale 4 -trace
 # make trace-demo TRACE_DEMO_ARGS='-keep' keeps Jaeger up afterwards.
 TRACE_DEMO_ARGS ?=
+# make fleet-demo FLEET_ARGS='-runs 1 -scale 4' for a quick look.
+FLEET_ARGS ?=
 BENCH_COUNT ?= 5
 BENCH_OUT := .bench
 
@@ -36,7 +38,7 @@ test: ## Run all tests with the race detector, then the allocation and timing te
 	$(GO) test -race -count=1 -p 1 ./...
 	$(GO) test -count=1 -p 1 -run 'Alloc|Timing' ./breaker/ ./budget/ ./interceptor/ ./internal/cow/ ./internal/stormlab/ ./latency/
 	cd conformance && $(GO) vet ./... && $(GO) test -race -count=1 ./...
-	cd redisfleet && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	cd redisfleet && $(GO) vet ./... && $(GO) test -race -count=1 ./... && $(GO) test -count=1 -run Timing ./cmd/fleet-lab/
 	cd bench && $(GO) vet . && $(GO) test -count=1 .
 
 .PHONY: build
@@ -73,13 +75,21 @@ demo: build ## Start the demo server on 127.0.0.1, run the client against it, st
 	echo; echo "One retried call of herdguard's defaults, as its spans tell it:"; \
 	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(TRACE_ARGS) 2>/dev/null | sed -n '/^span tree/,/^$$/p'
 
+.PHONY: fleet-demo
+fleet-demo: ## The fleet scenario: 8 replica processes, own breakers or one shared through a real Redis (needs redis-server)
+	cd redisfleet && $(GO) build -o $(BIN)/fleet-lab ./cmd/fleet-lab
+	$(BIN)/fleet-lab $(FLEET_ARGS)
+
 .PHONY: bench
 bench: $(BIN)/benchstat ## Run the benchmarks (5 times each), the storm table and the hedging table; write .bench/ and docs/benchmarks.md
 	@mkdir -p $(BENCH_OUT)
 	$(GO) test -p 1 -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./... | tee $(BENCH_OUT)/core.txt
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) . | tee ../$(BENCH_OUT)/peers.txt
+	cd redisfleet && $(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) . | tee ../$(BENCH_OUT)/fleet.txt
 	$(BIN)/benchstat $(BENCH_OUT)/core.txt > $(BENCH_OUT)/core-summary.txt
 	$(BIN)/benchstat -col /peer $(BENCH_OUT)/peers.txt > $(BENCH_OUT)/peers-summary.txt
+	$(BIN)/benchstat $(BENCH_OUT)/fleet.txt > $(BENCH_OUT)/fleet-summary.txt
+	cd redisfleet && $(GO) run ./cmd/fleet-lab 2>/dev/null > ../$(BENCH_OUT)/fleet-lab.txt
 	cd bench && HERDGUARD_STORM=1 $(GO) test -run TestStormTable -count=1 -v . | grep -v '^[=-]\{3\}' | sed '/^ok\|^PASS/d' > ../$(BENCH_OUT)/storm.txt
 	cd bench && HERDGUARD_STORM=1 $(GO) test -run TestHedgeTable -count=1 -v . | grep -v '^[=-]\{3\}' | sed '/^ok\|^PASS/d' > ../$(BENCH_OUT)/hedge.txt
 	@{ echo "# Benchmarks"; echo; \
@@ -90,6 +100,7 @@ bench: $(BIN)/benchstat ## Run the benchmarks (5 times each), the storm table an
 	  echo "## Side by side with the peers (module bench/)"; echo; echo '```'; cat $(BENCH_OUT)/peers-summary.txt; echo '```'; echo; \
 	  echo "## The storm: the load-dependent overload, at scale 1/2"; echo; echo '```'; cat $(BENCH_OUT)/storm.txt; echo '```'; echo; \
 	  echo "## Hedging: slow attempts (1 in 100 takes 1 s)"; echo; echo '```'; cat $(BENCH_OUT)/hedge.txt; echo '```'; echo; \
+	  echo "## One breaker for the fleet (module redisfleet, a real Redis)"; echo; echo '```'; cat $(BENCH_OUT)/fleet-summary.txt; echo; cat $(BENCH_OUT)/fleet-lab.txt; echo '```'; echo; \
 	  echo "## herdguard's own benchmarks"; echo; echo '```'; cat $(BENCH_OUT)/core-summary.txt; echo '```'; \
 	} > docs/benchmarks.md
 	@echo "wrote docs/benchmarks.md"
