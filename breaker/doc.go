@@ -40,6 +40,15 @@
 // out the skipped successes and ignored calls. With FailureRatio set,
 // every call goes through gobreaker, whose counts the ratio needs.
 //
+// # A fleet
+//
+// With [Settings.Fleet], the replicas of a service that name the same scope
+// share one breaker through a store (module
+// github.com/herdguard/herdguard/redisfleet keeps it in Redis): the fleet's
+// run of consecutive failures opens it for every replica, and its half-open
+// probes are leased fleet-wide. A call reads the fleet's state with one
+// atomic load, and must pass the replica's own breaker too. See [Fleet].
+//
 // Time comes from the time package, as in gobreaker; tests drive it with
 // testing/synctest.
 package breaker
