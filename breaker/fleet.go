@@ -44,15 +44,17 @@ type FleetMember interface {
 	// Probe asks for one of the fleet's half-open probe leases, waiting at
 	// most a small bound. It returns [ErrProbesTaken] when the fleet's
 	// probes for this open period are taken or the open period has not
-	// ended, and another error when the store could not answer (the
-	// breaker then decides alone).
+	// ended; a nil lease and a nil error when the fleet's breaker turned
+	// out closed (the call goes as any other); and another error when the
+	// store could not answer (the replica's own breaker then decides
+	// alone).
 	Probe(ctx context.Context) (ProbeLease, error)
 }
 
 // ProbeLease is a granted fleet-wide probe. Done reports its verdict,
-// once: Success closes the fleet's breaker, Failure opens it again, and
-// Ignored hands the lease back for another probe. Done updates the view
-// before it returns, if the store answers within its bound.
+// once, without waiting: Success closes the fleet's breaker (once
+// HalfOpenMaxRequests probes succeeded), Failure opens it again, and
+// Ignored hands the lease back for another probe.
 type ProbeLease interface {
 	Done(v herdguard.Verdict)
 }
@@ -130,68 +132,93 @@ func (b *Breaker) executeShared(fn func(probe bool) herdguard.Verdict) (before, 
 		}
 		return before, after, err
 	}
-	lease, refusal := b.fleetProbe()
+	// The fleet is open: the call must pass this replica's own breaker
+	// first, then the fleet, which refuses it or leases it a probe.
+	before = State(b.state.Load())
+	if time.Now().UnixNano() < b.view.openUntil.Load() {
+		return Open, Open, &OpenError{Scope: b.scope, State: Open, Shared: true}
+	}
+	ldone, lprobe, err := b.admit()
+	if err != nil {
+		return before, State(b.state.Load()), err
+	}
+	lease, fleet, refusal := b.fleetProbe()
 	if refusal != nil {
+		b.report(ldone, herdguard.Ignored)
 		return refusal.State, refusal.State, refusal
 	}
-	if lease == nil { // the store did not answer: this replica decides alone
-		before, after, _, err = b.executeLocal(fn)
-		return before, after, err
-	}
-	returned := false
-	defer func() {
-		if !returned {
-			lease.Done(herdguard.Failure) // a probe that panics failed
+	v := herdguard.Failure
+	defer func() { // also when fn panics: a failure
+		b.report(ldone, v)
+		switch {
+		case lease != nil:
+			lease.Done(v)
+		case fleet:
+			b.tellFleet(v)
 		}
 	}()
-	v := fn(true)
-	returned = true
-	lease.Done(v)
-	return HalfOpen, b.sharedState(), nil
+	v = fn(lprobe || lease != nil)
+	if lease != nil {
+		return HalfOpen, b.sharedState(), nil
+	}
+	return before, State(b.state.Load()), nil
 }
 
 // allowShared is Allow for a breaker shared by a fleet.
 func (b *Breaker) allowShared() (done func(herdguard.Verdict), probe bool, err error) {
+	var called atomic.Bool
 	if b.view.state.Load() != fleetOpen { // as in executeShared
 		ldone, probe, err := b.allowLocal()
 		if err != nil {
 			return nil, false, err
 		}
 		return func(v herdguard.Verdict) {
-			ldone(v)
-			b.tellFleet(v)
+			if !called.Swap(true) {
+				ldone(v)
+				b.tellFleet(v)
+			}
 		}, probe, nil
 	}
-	lease, refusal := b.fleetProbe()
+	if time.Now().UnixNano() < b.view.openUntil.Load() {
+		return nil, false, &OpenError{Scope: b.scope, State: Open, Shared: true}
+	}
+	ldone, lprobe, err := b.admit()
+	if err != nil {
+		return nil, false, err
+	}
+	lease, fleet, refusal := b.fleetProbe()
 	if refusal != nil {
+		b.report(ldone, herdguard.Ignored)
 		return nil, false, refusal
 	}
-	if lease == nil {
-		return b.allowLocal()
-	}
-	var called atomic.Bool
 	return func(v herdguard.Verdict) {
-		if !called.Swap(true) {
-			lease.Done(v)
+		if called.Swap(true) {
+			return
 		}
-	}, true, nil
+		b.report(ldone, v)
+		switch {
+		case lease != nil:
+			lease.Done(v)
+		case fleet:
+			b.tellFleet(v)
+		}
+	}, lprobe || lease != nil, nil
 }
 
-// fleetProbe asks the fleet to let a call through its open breaker: a
-// refusal while the open period lasts or its probes are taken, a lease for
-// a probe, or neither when the store did not answer.
-func (b *Breaker) fleetProbe() (ProbeLease, *OpenError) {
-	if time.Now().UnixNano() < b.view.openUntil.Load() {
-		return nil, &OpenError{Scope: b.scope, State: Open, Shared: true}
-	}
+// fleetProbe asks the fleet to let a call through its open breaker once the
+// open period is over: a refusal while its probes are taken; a lease for a
+// probe; or neither, with fleet true when the fleet turned out closed (the
+// call is an ordinary one, which the fleet hears of), false when the store
+// did not answer (this replica decides alone).
+func (b *Breaker) fleetProbe() (lease ProbeLease, fleet bool, refusal *OpenError) {
 	lease, err := b.member.Probe(context.Background())
 	switch {
 	case errors.Is(err, ErrProbesTaken):
-		return nil, &OpenError{Scope: b.scope, State: HalfOpen, Shared: true}
+		return nil, false, &OpenError{Scope: b.scope, State: HalfOpen, Shared: true}
 	case err != nil:
-		return nil, nil
+		return nil, false, nil
 	}
-	return lease, nil
+	return lease, lease == nil, nil
 }
 
 // tellFleet hands a call's verdict to the fleet: every failure, and the

@@ -21,6 +21,8 @@ type testFleet struct {
 	settings          breaker.Settings
 	failed, recovered int
 	probeErr          error // what Probe returns, when not nil
+	closed            bool  // Probe finds the fleet closed
+	asked             int   // calls of Probe
 	verdicts          []herdguard.Verdict
 }
 
@@ -37,8 +39,12 @@ func (f *testFleet) Recovered() { f.mu.Lock(); f.recovered++; f.mu.Unlock() }
 func (f *testFleet) Probe(context.Context) (breaker.ProbeLease, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.probeErr != nil {
+	f.asked++
+	switch {
+	case f.probeErr != nil:
 		return nil, f.probeErr
+	case f.closed:
+		return nil, nil
 	}
 	return lease{f}, nil
 }
@@ -141,8 +147,11 @@ func TestFleetOpenRefusesThenLeasesProbes(t *testing.T) {
 		}
 		return herdguard.Success
 	})
-	if err != nil || before != breaker.HalfOpen || after != breaker.Closed {
-		t.Errorf("probe: before %v, after %v, %v; want half-open, closed, nil", before, after, err)
+	if err != nil || before != breaker.HalfOpen || after != breaker.HalfOpen {
+		t.Errorf("probe: before %v, after %v, %v; want half-open both (the fleet hears the verdict after), nil", before, after, err)
+	}
+	if s, ok := b.FleetState(); !ok || s != breaker.Closed {
+		t.Errorf("after the probe's success the fleet is %v, want closed", s)
 	}
 	if _, _, v := f.counts(); len(v) != 1 || v[0] != herdguard.Success {
 		t.Errorf("probe verdicts %v, want [success]", v)
@@ -160,6 +169,38 @@ func TestFleetOpenRefusesThenLeasesProbes(t *testing.T) {
 	f.probeErr = errors.New("redis: connection refused")
 	if ran, probe, err := run(t, b, herdguard.Success); !ran || probe || err != nil {
 		t.Errorf("store down: ran %v, probe %v, %v; want the call sent, not as a probe", ran, probe, err)
+	}
+}
+
+// TestFleetOpenStillNeedsTheReplicasOwnBreaker: a replica whose own
+// breaker is open takes no fleet probe (its own path to the server may be
+// what fails), and a fleet that turned out closed lets the call go as any
+// other.
+func TestFleetOpenStillNeedsTheReplicasOwnBreaker(t *testing.T) {
+	b, f := sharedBreaker(t)
+	f.view.Calm()
+	for range 3 {
+		run(t, b, herdguard.Failure) // the replica's own breaker opens
+	}
+	f.view.Open(-time.Millisecond)
+	ran, _, err := run(t, b, herdguard.Success)
+	var oe *breaker.OpenError
+	if ran || !errors.As(err, &oe) || oe.Shared {
+		t.Errorf("own breaker open, fleet half-open: ran %v, %v; want the replica's own refusal", ran, err)
+	}
+	if f.asked != 0 {
+		t.Errorf("the replica asked the fleet for %d probes with its own breaker open", f.asked)
+	}
+
+	b, f = sharedBreaker(t)
+	f.view.Open(-time.Millisecond)
+	f.closed = true
+	ran, probe, err := run(t, b, herdguard.Failure)
+	if !ran || probe || err != nil {
+		t.Errorf("fleet turned out closed: ran %v, probe %v, %v; want an ordinary call", ran, probe, err)
+	}
+	if failed, _, v := f.counts(); failed != 1 || len(v) != 0 {
+		t.Errorf("told %d failures and %d probe verdicts, want 1 failure and no probe", failed, len(v))
 	}
 }
 
@@ -208,6 +249,7 @@ func TestFleetAllow(t *testing.T) {
 		t.Fatal(err)
 	}
 	done(herdguard.Failure)
+	done(herdguard.Failure) // later calls do nothing
 	if failed, _, _ := f.counts(); failed != 1 {
 		t.Errorf("a stream's failure told %d times, want 1", failed)
 	}

@@ -157,9 +157,12 @@ func serverAddress(target string) (host string, port int) {
 		return rest, 0
 	}
 	endpoint := target
-	if after, ok := strings.CutPrefix(rest, "//"); ok && !strings.Contains(scheme, ".") && !strings.Contains(scheme, "[") {
-		// scheme://authority/endpoint
-		_, endpoint, _ = strings.Cut(after, "/")
+	if isScheme(scheme) {
+		if after, ok := strings.CutPrefix(rest, "//"); ok {
+			_, endpoint, _ = strings.Cut(after, "/") // scheme://authority/endpoint
+		} else if strings.Contains(rest, ":") {
+			endpoint = rest // scheme:host:port ("localhost:50051" has no second colon)
+		}
 	}
 	h, p, err := net.SplitHostPort(endpoint)
 	if err != nil {
@@ -169,6 +172,20 @@ func serverAddress(target string) (host string, port int) {
 		port = n
 	}
 	return h, port
+}
+
+// isScheme reports whether s can be a URL scheme (letters, digits, "+",
+// "-" and "."), and is not a host name (which has a dot).
+func isScheme(s string) bool {
+	if s == "" || strings.Contains(s, ".") {
+		return false
+	}
+	for _, c := range s {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '+' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // endCall records the call's result on its span and ends it.

@@ -16,7 +16,9 @@
 // atomic load and makes no round trip; a failure is queued for a worker
 // goroutine and the caller does not wait. Only a call on an open breaker
 // whose open period is over makes a round trip, bounded by
-// [Options.Timeout], to lease a probe.
+// [Options.Timeout], to lease a probe; told the leases are taken, the
+// replica refuses by itself until they lapse or a verdict is published. A
+// probe's verdict is queued too.
 //
 // When Redis cannot be reached, is slow or restarts, no call fails or
 // waits past that bound because of it: each replica's own breaker decides
@@ -109,7 +111,11 @@ type Fleet struct {
 	lost bool
 	// warned is true once the current loss was logged and counted.
 	warned bool
+	// epoch counts losses, so that a resync that a loss overtook does not
+	// end it.
+	epoch  uint64
 	synced chan struct{} // closed once the first subscription is confirmed
+	ps     *redis.PubSub // the subscription; Close closes it to end a blocked receive
 }
 
 type eventKind uint8
@@ -118,11 +124,18 @@ const (
 	evFailed eventKind = iota
 	evRecovered
 	evSync
+	evProbeDone
+	evFlush // closes done once every earlier event ran (tests)
 )
 
 type event struct {
 	m    *member
 	kind eventKind
+	// a probe's verdict: its lease's generation and round, and "s", "f"
+	// or "i"
+	gen, round int64
+	verdict    string
+	done       chan struct{} // evFlush
 }
 
 // New returns a fleet over opts.Client and starts following its channel.
@@ -175,10 +188,24 @@ func New(opts Options) (*Fleet, error) {
 }
 
 // Close stops following the channel and the worker; reports still queued
-// are dropped. It does not close the client.
+// are dropped, and every breaker that joined decides alone from then on.
+// It does not close the client.
 func (f *Fleet) Close() error {
 	f.cancel()
+	f.mu.Lock()
+	if f.ps != nil {
+		f.ps.Close()
+	}
+	f.mu.Unlock()
 	f.wg.Wait()
+	f.mu.Lock()
+	f.lost, f.warned = true, true
+	for _, ms := range f.members {
+		for _, m := range ms {
+			m.view.Lost()
+		}
+	}
+	f.mu.Unlock()
 	return f.metrics.close()
 }
 
@@ -208,7 +235,7 @@ func (f *Fleet) Join(scope string, s breaker.Settings, view *breaker.FleetView) 
 	f.mu.Lock()
 	f.members[scope] = append(f.members[scope], m)
 	f.mu.Unlock()
-	f.enqueue(event{m, evSync})
+	f.enqueue(event{m: m, kind: evSync})
 	return m
 }
 
@@ -230,14 +257,20 @@ func (f *Fleet) work() {
 		case <-f.ctx.Done():
 			return
 		case e := <-f.queue:
-			script := readScript
+			var err error
 			switch e.kind {
 			case evFailed:
-				script = failedScript
+				_, err = e.m.run(failedScript)
 			case evRecovered:
-				script = recoveredScript
+				_, err = e.m.run(recoveredScript)
+			case evProbeDone:
+				_, err = e.m.run(probeDoneScript, e.gen, e.round, e.verdict)
+			case evFlush:
+				close(e.done)
+			default:
+				_, _ = e.m.run(readScript)
 			}
-			if _, err := e.m.run(script); err != nil && e.kind != evSync {
+			if err != nil {
 				f.metrics.dropped.Add(context.Background(), 1)
 			}
 		}
@@ -245,14 +278,23 @@ func (f *Fleet) work() {
 }
 
 // follow subscribes to the fleet's channel and applies what it hears. A
-// confirmed subscription (at start, and after every reconnection) reads
-// back every scope's state, so a replica that lost Redis rejoins the
-// fleet's state when it returns.
+// confirmed subscription (at start, and after every reconnection), and
+// anything heard while the fleet is lost, reads back every scope's state,
+// so a replica that lost Redis rejoins the fleet's state when it returns.
+// A quiet channel is pinged; a ping left unanswered for a whole wait
+// counts as a loss, and the subscription is made again.
 func (f *Fleet) follow() {
 	defer f.wg.Done()
-	ps := f.client.Subscribe(f.ctx, f.channel)
-	defer ps.Close()
-	pingEvery := max(10*f.timeout, 250*time.Millisecond)
+	pingEvery := max(2*f.timeout, 500*time.Millisecond)
+	subscribe := func() *redis.PubSub {
+		ps := f.client.Subscribe(f.ctx, f.channel)
+		f.mu.Lock()
+		f.ps = ps
+		f.mu.Unlock()
+		return ps
+	}
+	ps := subscribe()
+	defer func() { ps.Close() }()
 	pinged := false
 	for {
 		msg, err := ps.ReceiveTimeout(f.ctx, pingEvery)
@@ -262,7 +304,7 @@ func (f *Fleet) follow() {
 		var ne net.Error
 		switch {
 		case err != nil && errors.As(err, &ne) && ne.Timeout() && !pinged:
-			// quiet channel: ask for a pong, which must come within the next wait
+			// a quiet channel: ask for a pong, due within the next wait
 			pinged = true
 			pctx, cancel := context.WithTimeout(f.ctx, f.timeout)
 			if perr := ps.Ping(pctx); perr != nil {
@@ -271,6 +313,12 @@ func (f *Fleet) follow() {
 			cancel()
 			continue
 		case err != nil:
+			if errors.As(err, &ne) && ne.Timeout() {
+				err = fmt.Errorf("no answer to a ping within %v: %w", pingEvery, err)
+				ps.Close() // a connection that answers nothing: subscribe again
+				ps = subscribe()
+			}
+			pinged = false
 			f.lose(err)
 			// go-redis reconnects (and subscribes again) on the next receive
 			select {
@@ -284,32 +332,42 @@ func (f *Fleet) follow() {
 		switch msg := msg.(type) {
 		case *redis.Subscription:
 			f.resync()
-		case *redis.Pong:
-			if f.isLost() {
-				f.resync()
-			}
+			continue
 		case *redis.Message:
 			f.apply(msg.Payload)
+		}
+		if f.isLost() {
+			f.resync()
 		}
 	}
 }
 
-// resync reads every scope's state back and marks the fleet reachable.
+// resync reads every scope's state back and marks the fleet reachable,
+// unless Redis was lost again meanwhile.
 func (f *Fleet) resync() {
 	f.mu.Lock()
+	epoch := f.epoch
 	var all []*member
 	for _, ms := range f.members {
 		all = append(all, ms...)
 	}
 	f.mu.Unlock()
-	for _, m := range all {
+	read := make([]result, len(all))
+	for i, m := range all {
 		r, err := m.run(readScript)
 		if err != nil {
-			return // lost again; the next confirmed subscription retries
+			return // lost again; what is heard next retries
 		}
-		m.set(r.state, r.remaining) // run leaves the view alone while lost
+		read[i] = r
 	}
 	f.mu.Lock()
+	if f.epoch != epoch {
+		f.mu.Unlock()
+		return
+	}
+	for i, m := range all {
+		m.setLocked(read[i], true)
+	}
 	wasLost := f.warned
 	f.lost, f.warned = false, false
 	select {
@@ -323,29 +381,22 @@ func (f *Fleet) resync() {
 	}
 }
 
-// apply applies a published transition to the scope's views.
+// apply applies a published change to the scope's views.
 func (f *Fleet) apply(payload string) {
-	scope, rest, ok := strings.Cut(payload, "\n")
-	if !ok {
+	parts := strings.SplitN(payload, "\n", 4)
+	if len(parts) != 4 {
 		return
 	}
-	state, ms, ok := strings.Cut(rest, "\n")
-	if !ok {
+	remaining, err1 := strconv.ParseInt(parts[2], 10, 64)
+	gen, err2 := strconv.ParseInt(parts[3], 10, 64)
+	if err1 != nil || err2 != nil {
 		return
 	}
-	remaining, err := strconv.ParseInt(ms, 10, 64)
-	if err != nil {
-		return
-	}
+	r := result{state: parts[1], remaining: remaining, gen: gen}
 	f.mu.Lock()
-	ms2 := f.members[scope]
-	lost := f.lost
-	f.mu.Unlock()
-	if lost {
-		return // a resync comes first
-	}
-	for _, m := range ms2 {
-		m.set(state, remaining)
+	defer f.mu.Unlock()
+	for _, m := range f.members[parts[0]] {
+		m.setLocked(r, false)
 	}
 }
 
@@ -353,19 +404,18 @@ func (f *Fleet) apply(payload string) {
 // says so once per loss.
 func (f *Fleet) lose(err error) {
 	f.mu.Lock()
-	if f.warned {
+	f.epoch++
+	if f.lost && f.warned {
 		f.mu.Unlock()
 		return
 	}
 	f.lost, f.warned = true, true
-	var all []*member
 	for _, ms := range f.members {
-		all = append(all, ms...)
+		for _, m := range ms {
+			m.view.Lost()
+		}
 	}
 	f.mu.Unlock()
-	for _, m := range all {
-		m.view.Lost()
-	}
 	f.metrics.lost.Add(context.Background(), 1)
 	f.log.Warn("redisfleet: Redis cannot be reached; each replica's own breakers decide until it answers again",
 		"channel", f.channel, "error", err)
@@ -384,13 +434,14 @@ type member struct {
 	view       *breaker.FleetView
 	args       []any // the scripts' common ARGV
 	lease      int64 // ms a probe lease lasts
+	gen        int64 // the generation the view shows; guarded by f.mu
 }
 
 // Failed implements breaker.FleetMember.
-func (m *member) Failed() { m.f.enqueue(event{m, evFailed}) }
+func (m *member) Failed() { m.f.enqueue(event{m: m, kind: evFailed}) }
 
 // Recovered implements breaker.FleetMember.
-func (m *member) Recovered() { m.f.enqueue(event{m, evRecovered}) }
+func (m *member) Recovered() { m.f.enqueue(event{m: m, kind: evRecovered}) }
 
 // Probe implements breaker.FleetMember: it asks Redis for a probe lease,
 // waiting at most the fleet's Timeout.
@@ -401,12 +452,12 @@ func (m *member) Probe(ctx context.Context) (breaker.ProbeLease, error) {
 		return nil, err
 	case r.state == "granted":
 		m.f.metrics.probes.Add(ctx, 1)
-		return &lease{m: m, gen: r.gen}, nil
+		return &lease{m: m, gen: r.gen, round: r.round}, nil
 	case r.state == "calm" || r.state == "suspect":
-		// the view was behind: the breaker closed meanwhile, and the
-		// lease-less call counts as any other
-		return plainLease{m}, nil
+		return nil, nil // the view was behind: the breaker closed meanwhile
 	}
+	// taken (the view now refuses until the leases lapse or a verdict is
+	// published), or the open period is not over on Redis's clock
 	return nil, breaker.ErrProbesTaken
 }
 
@@ -415,6 +466,7 @@ type result struct {
 	state     string
 	remaining int64
 	gen       int64
+	round     int64 // of a granted lease
 }
 
 // run runs script on the member's scope within the fleet's Timeout,
@@ -431,38 +483,50 @@ func (m *member) run(script *redis.Script, extra ...any) (result, error) {
 		}
 		return result{}, err
 	}
-	if len(v) != 3 {
+	if len(v) < 3 {
 		return result{}, fmt.Errorf("redisfleet: script returned %v", v)
 	}
 	r := result{}
 	r.state, _ = v[0].(string)
 	r.remaining, _ = v[1].(int64)
 	r.gen, _ = v[2].(int64)
-	if !m.f.isLost() {
-		m.set(r.state, r.remaining)
+	if len(v) > 3 {
+		r.round, _ = v[3].(int64)
 	}
+	m.f.mu.Lock()
+	m.setLocked(r, false)
+	m.f.mu.Unlock()
 	return r, nil
 }
 
-// set applies a state heard from Redis to the view.
-func (m *member) set(state string, remaining int64) {
-	switch state {
+// setLocked applies a state heard from Redis to the view, unless the fleet
+// is lost (a resync, force, comes first) or the view already shows a
+// newer generation. "taken" shows as open until the leases lapse. f.mu is
+// held.
+func (m *member) setLocked(r result, force bool) {
+	if !force && (m.f.lost || r.gen < m.gen) {
+		return
+	}
+	m.gen = r.gen
+	switch r.state {
 	case "calm":
 		m.view.Calm()
 	case "suspect":
 		m.view.Suspect()
-	case "open":
-		m.view.Open(time.Duration(remaining) * time.Millisecond)
+	case "open", "taken":
+		m.view.Open(time.Duration(r.remaining) * time.Millisecond)
 	}
 }
 
-// lease is a granted probe lease of generation gen.
+// lease is a granted probe lease of generation gen and round.
 type lease struct {
-	m   *member
-	gen int64
+	m          *member
+	gen, round int64
 }
 
-// Done implements breaker.ProbeLease.
+// Done implements breaker.ProbeLease: the verdict goes to the worker, and
+// the caller does not wait. (Dropped, when the queue is full: the lease
+// then lapses, and another replica probes.)
 func (l *lease) Done(v herdguard.Verdict) {
 	verdict := "s"
 	switch v {
@@ -471,15 +535,5 @@ func (l *lease) Done(v herdguard.Verdict) {
 	case herdguard.Ignored:
 		verdict = "i"
 	}
-	_, _ = l.m.run(probeDoneScript, l.gen, verdict)
-}
-
-// plainLease stands for a lease when the breaker turned out closed: its
-// verdict counts as any call's.
-type plainLease struct{ m *member }
-
-func (p plainLease) Done(v herdguard.Verdict) {
-	if v == herdguard.Failure {
-		p.m.Failed()
-	}
+	l.m.f.enqueue(event{m: l.m, kind: evProbeDone, gen: l.gen, round: l.round, verdict: verdict})
 }

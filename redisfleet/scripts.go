@@ -9,16 +9,21 @@ import "github.com/redis/go-redis/v9"
 //	st  "c" closed or "o" open (missing: closed)
 //	f   consecutive failed calls, while closed
 //	u   end of the open period, ms on Redis's clock
-//	g   generation: a new one at every transition
-//	p   probe leases granted in this open period
-//	s   probe successes in this open period
+//	g   generation: a new one at every open and close; the first is the
+//	    time in ms, so a hash made again (after it expired, or Redis
+//	    restarted) never reuses an older generation
+//	p   probe leases granted in this round of the open period
+//	s   probe successes in this round
+//	r   round: a new one when every lease lapsed without a verdict
 //	l   when the last lease lapses, ms
 //
 // Every script returns {state, remaining ms, generation}, state being
-// "calm", "suspect", "open" or, from probe, "granted" or "taken"; a
-// transition is published on the fleet's channel as
-// "scope\nstate\nremaining ms". Every write renews the hash's expiry, so
-// the state of a fleet that stopped calling (a replica that died) expires.
+// "calm", "suspect", "open" or, from probe, "granted" (then a fourth
+// value, the round) or "taken" (remaining: until the last lease lapses); a
+// change is published on the fleet's channel as
+// "scope\nstate\nremaining ms\ngeneration". Every write renews the hash's
+// expiry, so the state of a fleet that stopped calling (a replica that
+// died) expires.
 const lib = `
 local function now_ms()
   local t = redis.call('TIME')
@@ -41,18 +46,26 @@ end
 
 local function publish(k, now, channel, scope)
   local v = view(k, now)
-  redis.call('PUBLISH', channel, scope .. '\n' .. v[1] .. '\n' .. v[2])
+  redis.call('PUBLISH', channel, scope .. '\n' .. v[1] .. '\n' .. v[2] .. '\n' .. v[3])
   return v
+end
+
+local function bump(k, now)
+  if redis.call('HEXISTS', k, 'g') == 0 then
+    redis.call('HSET', k, 'g', now)
+  else
+    redis.call('HINCRBY', k, 'g', 1)
+  end
 end
 
 local function open(k, now, open_ms)
   redis.call('HSET', k, 'st', 'o', 'f', 0, 'u', now + open_ms, 'p', 0, 's', 0, 'l', 0)
-  redis.call('HINCRBY', k, 'g', 1)
+  bump(k, now)
 end
 
-local function close(k)
+local function close(k, now)
   redis.call('HSET', k, 'st', 'c', 'f', 0, 'p', 0, 's', 0, 'l', 0)
-  redis.call('HINCRBY', k, 'g', 1)
+  bump(k, now)
 end
 `
 
@@ -100,8 +113,9 @@ return view(k, now)
 `)
 
 	// probe grants one of max_probes leases once the open period is over.
-	// A lease lapses after lease_ms (ARGV[7]): a probe whose replica died
-	// frees the period for another.
+	// The leases lapse lease_ms (ARGV[7]) after the last was granted: then,
+	// with no verdict in, a new round begins, so a probe whose replica died
+	// frees the period, and a verdict of the old round counts for nothing.
 	probeScript = redis.NewScript(lib + header + `
 local lease_ms = tonumber(ARGV[7])
 if redis.call('HGET', k, 'st') ~= 'o' then
@@ -114,21 +128,23 @@ local p = num(k, 'p')
 if p >= max_probes and now >= num(k, 'l') then
   p = 0
   redis.call('HSET', k, 's', 0)
+  redis.call('HINCRBY', k, 'r', 1)
 end
 if p >= max_probes then
-  return {'taken', 0, num(k, 'g')}
+  return {'taken', math.max(num(k, 'l') - now, 0), num(k, 'g')}
 end
 redis.call('HSET', k, 'p', p + 1, 'l', now + lease_ms)
 redis.call('PEXPIRE', k, ttl)
-return {'granted', 0, num(k, 'g')}
+return {'granted', 0, num(k, 'g'), num(k, 'r')}
 `)
 
 	// probeDone records a probe's verdict (ARGV[7] generation, ARGV[8]
-	// "s", "f" or "i"): max_probes successes close the breaker, a failure
-	// opens it again, an ignored probe hands its lease back.
+	// round, ARGV[9] "s", "f" or "i"): max_probes successes close the
+	// breaker, a failure opens it again, an ignored probe hands its lease
+	// back. A verdict of another generation or round counts for nothing.
 	probeDoneScript = redis.NewScript(lib + header + `
-local gen, verdict = tonumber(ARGV[7]), ARGV[8]
-if redis.call('HGET', k, 'st') ~= 'o' or num(k, 'g') ~= gen then
+local gen, round, verdict = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
+if redis.call('HGET', k, 'st') ~= 'o' or num(k, 'g') ~= gen or num(k, 'r') ~= round then
   return view(k, now)
 end
 redis.call('PEXPIRE', k, ttl)
@@ -142,7 +158,7 @@ if verdict == 'i' then
 end
 local s = redis.call('HINCRBY', k, 's', 1)
 if s >= max_probes then
-  close(k)
+  close(k, now)
   return publish(k, now, channel, scope)
 end
 return view(k, now)

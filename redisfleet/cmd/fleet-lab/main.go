@@ -200,15 +200,28 @@ func runOnce(ctx context.Context, o labOptions, st strategy, exe, addr string, r
 		procs, outs, errs = append(procs, p), append(outs, &so), append(errs, &se)
 	}
 
-	// the backend dies at deadAt for the outage; Redis may be killed too
+	// the backend dies at deadAt for the outage; Redis may be killed too.
+	// Both end, and are waited for, before this run returns.
 	var restartedAt time.Time
 	var wg sync.WaitGroup
+	fctx, cancel := context.WithCancel(ctx)
+	defer func() { cancel(); wg.Wait() }()
 	faultErr := make(chan error, 2)
+	until := func(t time.Time) bool {
+		select {
+		case <-fctx.Done():
+			return false
+		case <-time.After(time.Until(t)):
+			return true
+		}
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		time.Sleep(time.Until(deadAt))
-		_, err := srv.ResetStats(ctx, &demov1.ResetStatsRequest{Faults: stormlab.Faults{Outage: scale(outage), Window: stormlab.DefaultWindow}.Proto()})
+		if !until(deadAt) {
+			return
+		}
+		_, err := srv.ResetStats(fctx, &demov1.ResetStatsRequest{Faults: stormlab.Faults{Outage: scale(outage), Window: stormlab.DefaultWindow}.Proto()})
 		if err != nil {
 			faultErr <- err
 		}
@@ -217,14 +230,17 @@ func runOnce(ctx context.Context, o labOptions, st strategy, exe, addr string, r
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			time.Sleep(time.Until(start.Add(scale(st.kill))))
-			rs.Kill()
-			time.Sleep(time.Until(start.Add(scale(st.kill + st.down))))
-			if err := rs.Restart(); err != nil {
-				faultErr <- err
+			if !until(start.Add(scale(st.kill))) {
 				return
 			}
-			restartedAt = time.Now()
+			rs.Kill()
+			if !until(start.Add(scale(st.kill + st.down))) {
+				return
+			}
+			restartedAt = time.Now() // before Restart: a replica may follow it before Restart returns
+			if err := rs.Restart(); err != nil {
+				faultErr <- err
+			}
 		}()
 	}
 	var reports []report
