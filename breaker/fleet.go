@@ -78,6 +78,9 @@ const (
 type FleetView struct {
 	state     atomic.Int32
 	openUntil atomic.Int64 // this process's clock, unix nanoseconds
+	// takenUntil is when the probe leases of this open period lapse, as
+	// last heard: until then the replica refuses without asking.
+	takenUntil atomic.Int64
 }
 
 // Calm records that the fleet's breaker is closed with no failure counted.
@@ -90,8 +93,20 @@ func (v *FleetView) Suspect() { v.state.Store(fleetSuspect) }
 // Open records that the fleet's breaker is open for remaining more (0 or
 // less: its open period is over and probes are leased).
 func (v *FleetView) Open(remaining time.Duration) {
+	v.takenUntil.Store(0)
 	v.openUntil.Store(time.Now().Add(remaining).UnixNano())
 	v.state.Store(fleetOpen)
+}
+
+// Taken records that the fleet's breaker is half-open with its probe
+// leases taken for remaining more: the replica refuses without asking
+// until then, or until the fleet's state changes.
+func (v *FleetView) Taken(remaining time.Duration) {
+	v.takenUntil.Store(time.Now().Add(remaining).UnixNano())
+	if v.state.Load() != fleetOpen {
+		v.openUntil.Store(0)
+		v.state.Store(fleetOpen)
+	}
 }
 
 // Lost records that the store cannot be reached: until the fleet speaks
@@ -135,8 +150,8 @@ func (b *Breaker) executeShared(fn func(probe bool) herdguard.Verdict) (before, 
 	// The fleet is open: the call must pass this replica's own breaker
 	// first, then the fleet, which refuses it or leases it a probe.
 	before = State(b.state.Load())
-	if time.Now().UnixNano() < b.view.openUntil.Load() {
-		return Open, Open, &OpenError{Scope: b.scope, State: Open, Shared: true}
+	if refusal := b.fleetRefusal(); refusal != nil {
+		return refusal.State, refusal.State, refusal
 	}
 	ldone, lprobe, err := b.admit()
 	if err != nil {
@@ -179,8 +194,8 @@ func (b *Breaker) allowShared() (done func(herdguard.Verdict), probe bool, err e
 			}
 		}, probe, nil
 	}
-	if time.Now().UnixNano() < b.view.openUntil.Load() {
-		return nil, false, &OpenError{Scope: b.scope, State: Open, Shared: true}
+	if refusal := b.fleetRefusal(); refusal != nil {
+		return nil, false, refusal
 	}
 	ldone, lprobe, err := b.admit()
 	if err != nil {
@@ -203,6 +218,19 @@ func (b *Breaker) allowShared() (done func(herdguard.Verdict), probe bool, err e
 			b.tellFleet(v)
 		}
 	}, lprobe || lease != nil, nil
+}
+
+// fleetRefusal is the refusal of an open fleet breaker while its open
+// period lasts, or while its probe leases are known to be taken.
+func (b *Breaker) fleetRefusal() *OpenError {
+	now := time.Now().UnixNano()
+	switch {
+	case now < b.view.openUntil.Load():
+		return &OpenError{Scope: b.scope, State: Open, Shared: true}
+	case now < b.view.takenUntil.Load():
+		return &OpenError{Scope: b.scope, State: HalfOpen, Shared: true}
+	}
+	return nil
 }
 
 // fleetProbe asks the fleet to let a call through its open breaker once the

@@ -165,6 +165,19 @@ func TestFleetOpenRefusesThenLeasesProbes(t *testing.T) {
 		t.Errorf("probes taken: ran %v, err %v; want a shared half-open refusal", ran, err)
 	}
 
+	// told the leases are taken, the replica refuses without asking until they lapse
+	f.probeErr = nil
+	f.view.Taken(time.Hour)
+	asked := f.asked
+	ran, _, err = run(t, b, herdguard.Success)
+	if ran || !errors.As(err, &oe) || !oe.Shared || oe.State != breaker.HalfOpen || f.asked != asked {
+		t.Errorf("leases taken: ran %v, err %v, asked %d more; want a shared half-open refusal without asking", ran, err, f.asked-asked)
+	}
+	if s, _ := f.view.State(); s != breaker.HalfOpen {
+		t.Errorf("view with leases taken reads %v, want half-open", s)
+	}
+	f.view.Open(-time.Millisecond) // a new open period forgets the leases
+
 	// the store does not answer: the replica's own breaker decides
 	f.probeErr = errors.New("redis: connection refused")
 	if ran, probe, err := run(t, b, herdguard.Success); !ran || probe || err != nil {

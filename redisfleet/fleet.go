@@ -501,8 +501,7 @@ func (m *member) run(script *redis.Script, extra ...any) (result, error) {
 
 // setLocked applies a state heard from Redis to the view, unless the fleet
 // is lost (a resync, force, comes first) or the view already shows a
-// newer generation. "taken" shows as open until the leases lapse. f.mu is
-// held.
+// newer generation. "taken" refuses until the leases lapse. f.mu is held.
 func (m *member) setLocked(r result, force bool) {
 	if !force && (m.f.lost || r.gen < m.gen) {
 		return
@@ -513,8 +512,10 @@ func (m *member) setLocked(r result, force bool) {
 		m.view.Calm()
 	case "suspect":
 		m.view.Suspect()
-	case "open", "taken":
+	case "open":
 		m.view.Open(time.Duration(r.remaining) * time.Millisecond)
+	case "taken":
+		m.view.Taken(time.Duration(r.remaining) * time.Millisecond)
 	}
 }
 
