@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -113,9 +115,11 @@ func TestFastPathUnderConcurrency(t *testing.T) {
 	for round := range 10 {
 		b := newBreaker("x", Settings{ConsecutiveFailures: 1000}.WithDefaults())
 		var (
-			world sync.RWMutex // workers hold it shared; a check takes it whole
-			wg    sync.WaitGroup
-			stop  = make(chan struct{})
+			world     sync.RWMutex // workers hold it shared; a check takes it whole
+			wg        sync.WaitGroup
+			stop      = make(chan struct{})
+			fastCalls atomic.Int64 // calls a worker began while the breaker was quiet
+			ops       atomic.Int64 // calls the workers made
 		)
 		for g := range 8 {
 			wg.Go(func() {
@@ -131,16 +135,17 @@ func TestFastPathUnderConcurrency(t *testing.T) {
 						v = herdguard.Failure
 					}
 					world.RLock()
+					if b.quiet() {
+						fastCalls.Add(1)
+					}
 					b.Execute(func(bool) herdguard.Verdict { return v })
 					world.RUnlock()
+					ops.Add(1)
 				}
 			})
 		}
-		quietStops := 0
-		for i := range 2000 {
-			world.Lock()
+		check := func(i int) {
 			if b.quiet() {
-				quietStops++
 				if c := b.Counts(); c.ConsecutiveFailures != 0 {
 					world.Unlock()
 					close(stop)
@@ -148,15 +153,38 @@ func TestFastPathUnderConcurrency(t *testing.T) {
 					t.Fatalf("round %d, stop %d: quiet with a run of %d failures", round, i, c.ConsecutiveFailures)
 				}
 			}
+		}
+		for i := range 500 {
+			// let the workers make calls between stops, however the
+			// scheduler of a loaded machine treats them
+			for from := ops.Load(); ops.Load() < from+8; {
+				runtime.Gosched()
+			}
+			world.Lock()
+			check(i)
 			if b.LastState() != Closed {
 				t.Fatalf("round %d: state %v; 8 goroutines cannot make 1000 failures in a row at these odds", round, b.LastState())
+			}
+			// Now and then a success with every worker stopped, which must
+			// make the breaker quiet: the workers then start again on the
+			// fast path, with successes and failures racing on it. (Left to
+			// themselves, a loaded machine may never stop them quiet.)
+			if i%25 == 0 {
+				b.Execute(func(bool) herdguard.Verdict { return herdguard.Success })
+				if !b.quiet() {
+					world.Unlock()
+					close(stop)
+					wg.Wait()
+					t.Fatalf("round %d, stop %d: a success with nothing in flight left the breaker not quiet", round, i)
+				}
+				check(i)
 			}
 			world.Unlock()
 		}
 		close(stop)
 		wg.Wait()
-		if quietStops == 0 {
-			t.Errorf("round %d: the breaker was never quiet at a stop: the check tests nothing", round)
+		if fastCalls.Load() == 0 {
+			t.Errorf("round %d: no call began on the fast path: the check tests nothing", round)
 		}
 		b.Execute(func(bool) herdguard.Verdict { return herdguard.Success })
 		for i := range 1000 {

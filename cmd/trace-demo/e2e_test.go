@@ -80,7 +80,7 @@ func TestE2ETracesInJaeger(t *testing.T) {
 		if !strings.Contains(out.String(), jaegerlab.TraceURL(j.QueryURL, id)) {
 			t.Errorf("no Jaeger link printed for trace %s", id)
 		}
-		spans, err := j.Trace(ctx, id)
+		spans, err := whole(ctx, j, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,6 +110,33 @@ func TestE2ETracesInJaeger(t *testing.T) {
 	j.Stop()
 	if alive(pid) {
 		t.Errorf("jaeger (pid %d) still runs after Stop", pid)
+	}
+}
+
+// whole reads trace id back from Jaeger once Jaeger has stored all of it,
+// which it does a little after the exporters sent it: a root (the call
+// span) whose herdguard.attempts n accounts for every span, that is n
+// attempts, each with a client and a server span under it, and n-1 waits.
+func whole(ctx context.Context, j *jaegerlab.Jaeger, id string) ([]stormlab.TraceSpan, error) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	for {
+		spans, err := j.Trace(ctx, id)
+		if err == nil {
+			for _, s := range spans {
+				if n, _ := strconv.Atoi(s.Attrs["herdguard.attempts"]); s.ParentID == "" && n > 0 && len(spans) == 4*n {
+					return spans, nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				return spans, nil // incomplete: checkTrace says what is missing
+			}
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
 
