@@ -147,23 +147,43 @@ func (b *Breaker) executeShared(fn func(probe bool) herdguard.Verdict) (before, 
 		}
 		return before, after, err
 	}
-	// The fleet is open: the call must pass this replica's own breaker
-	// first, then the fleet, which refuses it or leases it a probe.
 	before = State(b.state.Load())
+	settle, probe, leased, err := b.admitOpen()
+	if err != nil {
+		var oe *OpenError
+		if errors.As(err, &oe) && oe.Shared {
+			return oe.State, oe.State, err
+		}
+		return before, State(b.state.Load()), err
+	}
+	v := herdguard.Failure
+	defer func() { settle(v) }() // also when fn panics: a failure
+	v = fn(probe)
+	if leased {
+		return HalfOpen, b.sharedState(), nil
+	}
+	return before, State(b.state.Load()), nil
+}
+
+// admitOpen admits a call while the fleet's breaker is open. The call must
+// pass this replica's own breaker first, then the fleet, which refuses it
+// while the open period lasts or its probe leases are taken, or leases it
+// a probe. settle reports the call's verdict to both; probe says the call
+// is a probe (of either breaker), leased that it holds the fleet's lease.
+func (b *Breaker) admitOpen() (settle func(herdguard.Verdict), probe, leased bool, err error) {
 	if refusal := b.fleetRefusal(); refusal != nil {
-		return refusal.State, refusal.State, refusal
+		return nil, false, false, refusal
 	}
 	ldone, lprobe, err := b.admit()
 	if err != nil {
-		return before, State(b.state.Load()), err
+		return nil, false, false, err
 	}
 	lease, fleet, refusal := b.fleetProbe()
 	if refusal != nil {
 		b.report(ldone, herdguard.Ignored)
-		return refusal.State, refusal.State, refusal
+		return nil, false, false, refusal
 	}
-	v := herdguard.Failure
-	defer func() { // also when fn panics: a failure
+	return func(v herdguard.Verdict) {
 		b.report(ldone, v)
 		switch {
 		case lease != nil:
@@ -171,12 +191,7 @@ func (b *Breaker) executeShared(fn func(probe bool) herdguard.Verdict) (before, 
 		case fleet:
 			b.tellFleet(v)
 		}
-	}()
-	v = fn(lprobe || lease != nil)
-	if lease != nil {
-		return HalfOpen, b.sharedState(), nil
-	}
-	return before, State(b.state.Load()), nil
+	}, lprobe || lease != nil, lease != nil, nil
 }
 
 // allowShared is Allow for a breaker shared by a fleet.
@@ -194,30 +209,15 @@ func (b *Breaker) allowShared() (done func(herdguard.Verdict), probe bool, err e
 			}
 		}, probe, nil
 	}
-	if refusal := b.fleetRefusal(); refusal != nil {
-		return nil, false, refusal
-	}
-	ldone, lprobe, err := b.admit()
+	settle, probe, _, err := b.admitOpen()
 	if err != nil {
 		return nil, false, err
 	}
-	lease, fleet, refusal := b.fleetProbe()
-	if refusal != nil {
-		b.report(ldone, herdguard.Ignored)
-		return nil, false, refusal
-	}
 	return func(v herdguard.Verdict) {
-		if called.Swap(true) {
-			return
+		if !called.Swap(true) {
+			settle(v)
 		}
-		b.report(ldone, v)
-		switch {
-		case lease != nil:
-			lease.Done(v)
-		case fleet:
-			b.tellFleet(v)
-		}
-	}, lprobe || lease != nil, nil
+	}, probe, nil
 }
 
 // fleetRefusal is the refusal of an open fleet breaker while its open
