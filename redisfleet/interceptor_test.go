@@ -34,7 +34,9 @@ func TestInterceptorsShareOneBreaker(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { f.Close() })
-		ic, err := interceptor.New(interceptor.WithPolicy(policy.Policy{MaxAttempts: 1}),
+		// 3 attempts a call: the fleet counts calls, not attempts
+		p := policy.Policy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+		ic, err := interceptor.New(interceptor.WithPolicy(p),
 			interceptor.WithBreaker(breaker.Settings{ConsecutiveFailures: 3, OpenTimeout: time.Hour, Fleet: f}))
 		if err != nil {
 			t.Fatal(err)
@@ -52,18 +54,29 @@ func TestInterceptorsShareOneBreaker(t *testing.T) {
 		_, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{})
 		return err
 	}
-	// the breakers join on their first call
+	// the breakers join on their first call: b's is the fleet's first failure
 	call(clients[1])
-	for range 2 {
-		if err := call(clients[0]); status.Code(err) != codes.Unavailable || refusedShared(err) {
-			t.Fatalf("replica a's call: %v, want the server's Unavailable", err)
-		}
+	if err := call(clients[0]); status.Code(err) != codes.Unavailable || refusedShared(err) {
+		t.Fatalf("replica a's call: %v, want the server's Unavailable", err)
 	}
-	took := eventually(t, "replica b is refused by the fleet's breaker", func() bool {
-		return refusedShared(call(clients[1]))
+	// two failed calls (six attempts) leave the fleet closed: b's next
+	// call still reaches the server, with all its attempts, and is the third
+	eventually(t, "Redis counts the two failed calls", func() bool {
+		n, _ := client(t, srv.Addr).HGet(context.Background(), redisfleet.DefaultPrefix+testserver.Target, "f").Int()
+		return n == 2
 	})
-	t.Logf("replica b refused %v after replica a's failure opened the fleet", took)
 	sent := backend.Requests()
+	if err := call(clients[1]); status.Code(err) != codes.Unavailable || refusedShared(err) {
+		t.Fatalf("replica b's second call: %v, want the server's Unavailable", err)
+	}
+	if got := backend.Requests() - sent; got != 3 {
+		t.Fatalf("replica b's call after two failed calls made %d attempts, want 3: the fleet must count calls", got)
+	}
+	took := eventually(t, "replica a is refused by the fleet's breaker", func() bool {
+		return refusedShared(call(clients[0]))
+	})
+	t.Logf("replica b refused %v after the fleet's third failure opened it", took)
+	sent = backend.Requests()
 	for range 10 {
 		for i, c := range clients {
 			err := call(c)

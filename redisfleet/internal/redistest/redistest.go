@@ -126,11 +126,7 @@ func (s *Server) PID() int {
 
 // Stop ends the server by its process id (SIGTERM).
 func (s *Server) Stop() {
-	s.mu.Lock()
-	p := s.p
-	s.p = nil
-	s.mu.Unlock()
-	if p != nil {
+	if p := s.take(); p != nil {
 		p.Stop()
 	}
 }
@@ -138,14 +134,19 @@ func (s *Server) Stop() {
 // Kill ends the server at once (SIGKILL), as a crash would: its data is
 // lost.
 func (s *Server) Kill() {
-	s.mu.Lock()
-	p := s.p
-	s.p = nil
-	s.mu.Unlock()
-	if p != nil {
+	if p := s.take(); p != nil {
 		_ = syscall.Kill(p.PID(), syscall.SIGKILL)
 		<-p.Done()
 	}
+}
+
+// take returns the running process, if any, and forgets it.
+func (s *Server) take() *proc.Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.p
+	s.p = nil
+	return p
 }
 
 // Pause stops the server without ending it (SIGSTOP): it accepts
