@@ -160,7 +160,7 @@ func (b *Breaker) executeShared(fn func(probe bool) herdguard.Verdict) (before, 
 	defer func() { settle(v) }() // also when fn panics: a failure
 	v = fn(probe)
 	if leased {
-		return HalfOpen, b.sharedState(), nil
+		return HalfOpen, HalfOpen, nil // the fleet hears the verdict after the call returns
 	}
 	return before, State(b.state.Load()), nil
 }
@@ -260,15 +260,6 @@ func (b *Breaker) tellFleet(v herdguard.Verdict) {
 			b.member.Recovered()
 		}
 	}
-}
-
-// sharedState is the breaker's state as a caller sees it: the fleet's
-// when the view follows it, else this replica's own.
-func (b *Breaker) sharedState() State {
-	if s, ok := b.view.State(); ok && s != Closed {
-		return s
-	}
-	return State(b.state.Load())
 }
 
 // Shared reports whether the breaker follows a fleet's shared breaker now
