@@ -212,7 +212,9 @@ func (h *hedgeCall) run(a *hedgeAttempt) error {
 			a.span.SetAttributes(AttrHedge.Bool(true))
 		}
 	}
-	a.start = c.ic.clock.Now()
+	if h.window != nil { // latency is recorded only for a latency-aware delay
+		a.start = c.ic.clock.Now()
+	}
 	return c.invoker(ctx, c.method, c.req, a.reply, c.cc, a.opts...)
 }
 
@@ -220,7 +222,10 @@ func (h *hedgeCall) run(a *hedgeAttempt) error {
 // next hedge at once. Then it records the attempt.
 func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 	c := &h.c
-	elapsed := c.ic.clock.Now().Sub(a.start)
+	var elapsed time.Duration
+	if h.window != nil {
+		elapsed = c.ic.clock.Now().Sub(a.start)
+	}
 	h.mu.Lock()
 	h.outstanding--
 	if !h.decided {
@@ -281,16 +286,28 @@ func (h *hedgeCall) judgeLocked(a *hedgeAttempt, err error) {
 	} else {
 		h.hedgeLocked() // the next hedge at once
 	}
-	if h.outstanding == 0 && (h.noMore || len(h.attempts) >= h.max) {
-		outcome := OutcomeExhausted
-		switch {
-		case h.stopped:
-			outcome = OutcomePushbackStop
-		case h.refused != "":
-			outcome = OutcomeBudgetExhausted
-		}
-		h.decideLocked(nil, &RetryError{Attempts: len(h.attempts), Outcome: outcome, Err: err}, outcome)
+	h.endIfExhaustedLocked()
+}
+
+// endIfExhaustedLocked ends a call with no attempt in flight and none to
+// come, after at least one failed: by its context when that ended, else
+// with the last failure, saying why no attempt follows.
+func (h *hedgeCall) endIfExhaustedLocked() {
+	if h.decided || h.outstanding > 0 || h.last == nil || !h.noMore && len(h.attempts) < h.max {
+		return
 	}
+	if err := h.ctx.Err(); err != nil {
+		h.decideLocked(nil, status.FromContextError(err).Err(), contextOutcome(err))
+		return
+	}
+	outcome := OutcomeExhausted
+	switch {
+	case h.stopped:
+		outcome = OutcomePushbackStop
+	case h.refused != "":
+		outcome = OutcomeBudgetExhausted
+	}
+	h.decideLocked(nil, &RetryError{Attempts: len(h.attempts), Outcome: outcome, Err: h.last}, outcome)
 }
 
 // decideLocked ends the call with err, decided by attempt a (nil when all
@@ -340,9 +357,7 @@ func (h *hedgeCall) hedgeLocked() {
 func (h *hedgeCall) refuseLocked(kind string) {
 	h.noMore, h.refused = true, kind
 	h.c.ic.metering.refusal(h.ctx, h.c.method, kind)
-	if h.outstanding == 0 && h.last != nil {
-		h.decideLocked(nil, &RetryError{Attempts: len(h.attempts), Outcome: OutcomeBudgetExhausted, Err: h.last}, OutcomeBudgetExhausted)
-	}
+	h.endIfExhaustedLocked()
 }
 
 // armLocked sets the timer to send the next hedge after d, if another may
@@ -375,18 +390,13 @@ func (h *hedgeCall) onTimer() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.hedgeLocked()
-	if h.outstanding == 0 && !h.decided && (h.noMore || len(h.attempts) >= h.max) && h.last != nil {
-		// a pushback delayed this hedge after every attempt had failed,
-		// and it may not go
-		h.decideLocked(nil, &RetryError{Attempts: len(h.attempts), Outcome: OutcomeExhausted, Err: h.last}, OutcomeExhausted)
-	}
+	h.endIfExhaustedLocked() // a pushback delayed this hedge after every attempt had failed, and it may not go
 }
 
 // release returns h to ic's pool once nothing refers to it any more: the
 // caller has waited for every hedge and timer callback (wg). What the call
 // held is dropped; the channel, the timer and the backing arrays stay.
 func (h *hedgeCall) release(ic *Interceptor) {
-	clear(h.inline[:])
 	*h = hedgeCall{done: h.done, fire: h.fire, timer: h.timer}
 	ic.hedgeCalls.Put(h)
 }

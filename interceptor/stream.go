@@ -253,7 +253,10 @@ func (s *retryStream) contextDone() {
 // during the replay.
 func (s *retryStream) startLocked() (*streamAttempt, error) {
 	s.attempts++
-	a := &streamAttempt{n: s.attempts, live: s.ctx.Err() == nil, started: s.ic.clock.Now()}
+	a := &streamAttempt{n: s.attempts, live: s.ctx.Err() == nil}
+	if s.hedge != nil && s.hedge.window != nil { // latency is recorded only for a latency-aware delay
+		a.started = s.ic.clock.Now()
+	}
 	s.a = a
 	ctx := s.ctx
 	if a.n > 1 {

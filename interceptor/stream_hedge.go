@@ -40,7 +40,6 @@ type streamHedge struct {
 	changed *sync.Cond       // on the stream's mu: an opening hedge went live or ended
 	sendTo  []*streamAttempt // SendMsg's copy of live
 	timer   timer
-	armed   bool
 	noMore  bool
 	stopped bool   // a pushback said not to hedge again
 	refused string // the budget that refused a hedge
@@ -107,7 +106,10 @@ func (s *retryStream) hedgeNextLocked() (over bool, err error, next *streamAttem
 // it is opening until openHedge makes it live.
 func (s *retryStream) readyHedgeLocked() *streamAttempt {
 	s.attempts++
-	a := &streamAttempt{n: s.attempts, live: true, started: s.ic.clock.Now()}
+	a := &streamAttempt{n: s.attempts, live: true}
+	if s.hedge.window != nil {
+		a.started = s.ic.clock.Now()
+	}
 	ctx := s.numbers.context(s.ctx, a.n, s.maxAttempts)
 	ctx, a.cancel = context.WithCancelCause(ctx)
 	if s.tracer != nil {
@@ -303,7 +305,7 @@ func (s *retryStream) hedgeFailedLocked(a *streamAttempt, err error) (over bool,
 	}
 	h.last = err
 	if present && ok {
-		if len(h.live) == 0 && s.deadlineBefore(wait) {
+		if len(h.live)+len(h.opening) == 0 && s.deadlineBefore(wait) {
 			s.outcome = OutcomeDeadline
 			return true, &RetryError{Attempts: s.attempts, Outcome: OutcomeDeadline, Err: err}, false
 		}
@@ -375,7 +377,6 @@ func (s *retryStream) hedgeArmLocked(d time.Duration) {
 	if h.noMore || s.attempts >= h.max {
 		return
 	}
-	h.armed = true
 	if h.timer == nil {
 		h.timer = s.ic.clock.AfterFunc(d, s.hedgeTimer)
 		return
@@ -386,14 +387,12 @@ func (s *retryStream) hedgeArmLocked(d time.Duration) {
 func (s *retryStream) hedgeStopTimerLocked() {
 	if h := s.hedge; h.timer != nil {
 		h.timer.Stop()
-		h.armed = false
 	}
 }
 
 // hedgeTimer is the timer's callback: the hedging delay passed.
 func (s *retryStream) hedgeTimer() {
 	s.mu.Lock()
-	s.hedge.armed = false
 	s.hedgeGoUnlock(false, nil, true)
 }
 

@@ -71,6 +71,16 @@ func (s *streamScript) wait(t *testing.T, want int) {
 	}
 }
 
+// hedgeAtDelay moves the clock to the hedging delay and checks that the
+// hedge, attempt 2, goes then and not a nanosecond before.
+func (s *streamScript) hedgeAtDelay(t *testing.T, clk *manualClock) {
+	t.Helper()
+	clk.Advance(hedgeDelay - time.Nanosecond)
+	s.none(t)
+	clk.Advance(time.Nanosecond)
+	s.wait(t, 2)
+}
+
 func (s *streamScript) none(t *testing.T) {
 	t.Helper()
 	select {
@@ -163,8 +173,7 @@ func TestHedgedServerStream(t *testing.T) {
 		got <- words
 	}()
 	sc.none(t)
-	clk.Advance(hedgeDelay)
-	sc.wait(t, 2)
+	sc.hedgeAtDelay(t, clk)
 	if words := <-got; !slices.Equal(words, []string{"a", "b", "c"}) {
 		t.Errorf("received %q, want the hedge's a, b, c once each", words)
 	}
@@ -205,8 +214,7 @@ func TestHedgedClientStreamGetsEveryMessage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	clk.Advance(hedgeDelay)
-	sc.wait(t, 2)
+	sc.hedgeAtDelay(t, clk)
 	for _, w := range words[2:] {
 		if err := s.Send(&testgrpc.StreamingInputCallRequest{Payload: payload(w)}); err != nil {
 			t.Fatal(err)
@@ -304,8 +312,7 @@ func TestHedgedStreamOverflowCommitsToTheOldest(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc.wait(t, 1)
-	clk.Advance(hedgeDelay)
-	sc.wait(t, 2)
+	sc.hedgeAtDelay(t, clk)
 	if err := s.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload("small")}); err != nil {
 		t.Fatal(err)
 	}
@@ -364,8 +371,7 @@ func TestHedgedStreamCallerCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc.wait(t, 1)
-	clk.Advance(hedgeDelay)
-	sc.wait(t, 2)
+	sc.hedgeAtDelay(t, clk)
 	cancel()
 	if _, err := s.Recv(); status.Code(err) != codes.Canceled {
 		t.Errorf("Recv: %v, want Canceled", err)
@@ -403,8 +409,7 @@ func TestHedgedBidiStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc.wait(t, 1)
-	clk.Advance(hedgeDelay)
-	sc.wait(t, 2)
+	sc.hedgeAtDelay(t, clk)
 	if err := s.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload("b")}); err != nil {
 		t.Fatal(err)
 	}
@@ -613,8 +618,7 @@ func TestHedgedStreamCallerCatchersGetTheWinners(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc.wait(t, 1)
-	clk.Advance(hedgeDelay)
-	sc.wait(t, 2)
+	sc.hedgeAtDelay(t, clk)
 	if words, err := recvAll(s.Recv); err != nil || !slices.Equal(words, []string{"h"}) {
 		t.Fatalf("received %q, %v", words, err)
 	}
