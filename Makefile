@@ -64,6 +64,10 @@ trace-demo: $(BIN)/jaeger build ## Jaeger, a traced demo server and client on 12
 e2e: $(BIN)/jaeger build ## End-to-end: the trace demo against a real Jaeger, every trace read back through its HTTP API
 	HERDGUARD_E2E=1 HERDGUARD_BIN=$(BIN) $(GO) test -count=1 -v -run E2E ./cmd/trace-demo/
 
+# The demo's brownout: steady load through a capacity cut of the sticky
+# server, at scale 4 (about 20 s).
+DEMO_STEADY_ARGS ?= -scenario steady-cut -scale 4 -strategy 'no retries,herdguard defaults,exponential + full jitter' -goodput-svg $(BIN)/goodput.svg
+
 .PHONY: demo
 demo: build ## Start the demo server on 127.0.0.1, run the client against it, stop the server
 	@addr_file=$$(mktemp); rm -f "$$addr_file"; \
@@ -72,8 +76,22 @@ demo: build ## Start the demo server on 127.0.0.1, run the client against it, st
 	for i in $$(seq 100); do [ -s "$$addr_file" ] && break; sleep 0.05; done; \
 	[ -s "$$addr_file" ] || { echo "demo-server did not start" >&2; exit 1; }; \
 	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(DEMO_ARGS); \
+	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(DEMO_STEADY_ARGS); \
 	echo; echo "One retried call of herdguard's defaults, as its spans tell it:"; \
 	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(TRACE_ARGS) 2>/dev/null | sed -n '/^span tree/,/^$$/p'
+
+# make storm STORM_ARGS='-runs 1 -scale 4' for a quick look.
+STORM_ARGS ?= -runs 3
+
+.PHONY: storm
+storm: build ## The storm lab at full scale: the herd at C=20/80/320 and the three brownouts, medians of 3 (about 45 minutes); writes bin/goodput.svg and bin/storm-herds.svg
+	@addr_file=$$(mktemp); rm -f "$$addr_file"; \
+	$(BIN)/demo-server -addr 127.0.0.1:0 -addr-file "$$addr_file" & server=$$!; \
+	trap 'kill $$server 2>/dev/null || true; wait $$server 2>/dev/null || true; rm -f "$$addr_file"' EXIT; \
+	for i in $$(seq 100); do [ -s "$$addr_file" ] && break; sleep 0.05; done; \
+	[ -s "$$addr_file" ] || { echo "demo-server did not start" >&2; exit 1; }; \
+	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" -compare -scenario herds,steady \
+	  -svg $(BIN)/storm-herds.svg -goodput-svg $(BIN)/goodput.svg $(STORM_ARGS)
 
 .PHONY: fleet-demo
 fleet-demo: ## The fleet scenario: 8 replica processes, own breakers or one shared through a real Redis (needs redis-server)

@@ -1,8 +1,10 @@
 // Command demo-client reproduces the retry-storm experiment over real gRPC:
-// it fires a herd of calls at the demo server through herdguard configured
-// as each strategy and prints what the server counted.
+// it fires a herd of calls, or a steady load, at the demo server through
+// herdguard configured as each strategy and prints what the server and the
+// client counted.
 //
 //	demo-client -addr 127.0.0.1:7000 -compare -scale 5 -svg storm.svg
+//	demo-client -addr 127.0.0.1:7000 -compare -scenario herds,steady -runs 3 -goodput-svg goodput.svg
 //	demo-client -addr 127.0.0.1:7000 -strategy "exponential + full jitter" -trace
 //	demo-client -addr 127.0.0.1:7000 -otlp 127.0.0.1:4317 -jaeger http://127.0.0.1:16686 -trace-svg call.svg
 //
@@ -13,8 +15,12 @@
 // (OTEL_SERVICE_NAME overrides it), and every call span names the scenario
 // and strategy it ran in (stormlab.scenario, stormlab.strategy).
 //
-// -scale divides every duration (waits, windows, outages) so a comparison
-// fits in about a minute; -scale 1 reproduces the published times.
+// -scale divides every duration (waits, windows, outages, deadlines) and
+// multiplies a steady load's rate, so a comparison fits in about a minute;
+// -scale 1 reproduces the published times. The herds (herd-20, herd-80,
+// herd-320) and the brownouts under steady load (steady-cut, steady-outage,
+// steady-gentle) are issue 14's; -runs N runs each strategy N times and
+// prints the medians.
 package main
 
 import (
@@ -25,6 +31,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,8 +42,9 @@ import (
 
 type options struct {
 	addr, strategy, scenario, svg, otlp string
-	traceSVG, jaeger                    string
+	traceSVG, jaeger, goodputSVG        string
 	calls, attempts, samples, width     int
+	runs                                int
 	base                                time.Duration
 	scale                               float64
 	compare, trace                      bool
@@ -48,11 +56,13 @@ func main() {
 	var o options
 	flag.StringVar(&o.addr, "addr", "", "the demo server, host:port on loopback (required)")
 	flag.BoolVar(&o.compare, "compare", false, "run every strategy, one after another, and print one table")
-	flag.StringVar(&o.strategy, "strategy", "herdguard defaults", "the strategy to run without -compare: "+strategyNames())
-	flag.StringVar(&o.scenario, "scenario", "", `"published", "overload", "lost-replies", "slow" or "all" (default: all with -compare, else published)`)
-	flag.IntVar(&o.calls, "calls", 1000, "calls fired at the same instant")
-	flag.IntVar(&o.attempts, "attempts", 5, "attempts per call, the first included")
-	flag.DurationVar(&o.base, "base", time.Second, "the first wait, at full scale")
+	flag.StringVar(&o.strategy, "strategy", "herdguard defaults", "the strategies to run without -compare, separated by commas: "+strategyNames())
+	flag.StringVar(&o.scenario, "scenario", "", "the scenarios, separated by commas: "+scenarioNames+" (default: all with -compare, else published)")
+	flag.IntVar(&o.calls, "calls", 1000, "calls fired at the same instant (herds; not steady load)")
+	flag.IntVar(&o.attempts, "attempts", 5, "attempts per call, the first included (herds; steady load has policy.Default's 3)")
+	flag.DurationVar(&o.base, "base", time.Second, "the first wait, at full scale (herds; steady load has policy.Default's 100ms)")
+	flag.IntVar(&o.runs, "runs", 1, "run each strategy of the herd-* and steady-* scenarios this many times and print the medians")
+	flag.StringVar(&o.goodputSVG, "goodput-svg", "", "write the steady loads' goodput over time to this SVG file")
 	flag.Float64Var(&o.scale, "scale", 1, "divide every duration by this (1 reproduces the published times)")
 	flag.StringVar(&o.svg, "svg", "", "also write the histograms to this SVG file")
 	flag.BoolVar(&o.trace, "trace", false, "print the span tree of a sample of retried calls")
@@ -73,8 +83,11 @@ func main() {
 func strategyNames() string {
 	var names []string
 	all := append(stormlab.StrategiesFor(stormlab.Overload()), stormlab.StrategiesFor(stormlab.LostReplies())...)
-	for _, s := range append(all, stormlab.HedgingStrategies()...) {
-		names = append(names, fmt.Sprintf("%q", s.Name))
+	all = append(append(all, stormlab.HedgingStrategies()...), stormlab.HerdStrategies(stormlab.Herd(80))...)
+	for _, s := range append(all, stormlab.SteadyStrategies()...) {
+		if q := fmt.Sprintf("%q", s.Name); !slices.Contains(names, q) {
+			names = append(names, q)
+		}
 	}
 	return strings.Join(names, ", ")
 }
@@ -83,8 +96,11 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 	if err := checkLoopback("-addr", o.addr); err != nil {
 		return err
 	}
-	if o.scale <= 0 || o.calls <= 0 || o.attempts <= 0 || o.base <= 0 {
-		return fmt.Errorf("-scale %v, -calls %d, -attempts %d and -base %v must all be positive", o.scale, o.calls, o.attempts, o.base)
+	if o.runs == 0 {
+		o.runs = 1
+	}
+	if o.scale <= 0 || o.calls <= 0 || o.attempts <= 0 || o.base <= 0 || o.runs < 0 {
+		return fmt.Errorf("-scale %v, -calls %d, -attempts %d, -base %v and -runs %d must all be positive", o.scale, o.calls, o.attempts, o.base, o.runs)
 	}
 	scenarios, err := pickScenarios(o)
 	if err != nil {
@@ -104,7 +120,7 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 
 	total, n := 0, 0
 	for _, sc := range scenarios {
-		total += len(sc.strategies)
+		total += len(sc.strategies) * runsOf(sc.scenario, o)
 	}
 	began := time.Now()
 	tty := isTerminal(progress)
@@ -125,9 +141,21 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 		}
 	}
 
-	var svgSections []stormlab.SVGSection
+	var svgSections, goodputSections []stormlab.SVGSection
 	for _, sc := range scenarios {
 		scaled := sc.scenario.Scale(o.scale)
+		if scaled.IsHerd() || scaled.IsSteady() {
+			section, err := runCompared(ctx, runner, sc, o, out)
+			if err != nil {
+				return err
+			}
+			if scaled.IsSteady() {
+				goodputSections = append(goodputSections, section)
+			} else {
+				svgSections = append(svgSections, section)
+			}
+			continue
+		}
 		if scaled.Interval > 0 {
 			f := scaled.Faults
 			fmt.Fprintf(out, "\n== %s: %d calls, one every %v; attempts take %v to %v, 1 in %.0f takes %v (scale 1/%g) ==\n\n",
@@ -164,27 +192,134 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 		svgSections = append(svgSections, stormlab.SVGSection{Title: sc.scenario.Name + ": retries per window at the server", Results: results})
 	}
 	fmt.Fprintln(out)
-	fmt.Fprintln(out, stormlab.Legend)
+	for _, l := range legends(scenarios) {
+		fmt.Fprintln(out, l)
+	}
 
 	if err := tr.finish(ctx, out, o); err != nil {
 		return err
 	}
 
 	if o.svg != "" {
-		f, err := os.Create(o.svg)
-		if err != nil {
-			return err
-		}
-		if err := stormlab.WriteSVG(f, svgSections); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
+		if err := writeFile(o.svg, func(w io.Writer) error { return stormlab.WriteSVG(w, svgSections) }); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "wrote %s\n", o.svg)
 	}
+	if o.goodputSVG != "" {
+		if err := writeFile(o.goodputSVG, func(w io.Writer) error { return stormlab.WriteGoodputSVG(w, goodputSections) }); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "wrote %s\n", o.goodputSVG)
+	}
 	return nil
+}
+
+// runsOf is how many times each strategy of sc runs: -runs for the herds
+// and steady loads, once for the others.
+func runsOf(sc stormlab.Scenario, o options) int {
+	if sc.IsHerd() || sc.IsSteady() {
+		return o.runs
+	}
+	return 1
+}
+
+// runCompared runs every strategy of a herd or a steady load o.runs times
+// and prints the table of medians, each strategy's outcomes and a chart of
+// its median run. It returns the chart's SVG section.
+func runCompared(ctx context.Context, runner *stormlab.Runner, sc plannedScenario, o options, out io.Writer) (stormlab.SVGSection, error) {
+	scaled := sc.scenario.Scale(o.scale)
+	f := scaled.Faults
+	if scaled.IsSteady() {
+		trigger := fmt.Sprintf("capacity %d per window", f.TriggerCapacity)
+		if f.TriggerOutage {
+			trigger = "a full outage"
+		}
+		fmt.Fprintf(out, "\n== %s: %.0f calls/s for %v, deadline %v; %s server, %d attempts per %v window; from %v, %s for %v (scale 1/%g) ==\n\n",
+			sc.scenario.Name, scaled.Rate, scaled.Duration, scaled.Deadline, f.Model, f.Capacity, f.CapacityWindow, f.TriggerAt, trigger, f.TriggerFor, o.scale)
+	} else {
+		fmt.Fprintf(out, "\n== %s: %d calls at once, at most %d attempts, first wait %v; sticky server, %d attempts per %v window, %v of calm to recover (scale 1/%g) ==\n\n",
+			sc.scenario.Name, scaled.Calls, scaled.Attempts, scaled.Base, f.Capacity, f.CapacityWindow, f.RecoverAfter, o.scale)
+	}
+	var rows []stormlab.Summary
+	var typical []stormlab.Result
+	for _, st := range sc.strategies {
+		var runs []stormlab.Result
+		for range o.runs {
+			r, err := runner.Run(ctx, sc.scenario, st, o.scale)
+			if err != nil {
+				return stormlab.SVGSection{}, err
+			}
+			runs = append(runs, r)
+		}
+		rows = append(rows, stormlab.Summarize(runs...))
+		typical = append(typical, stormlab.MedianRun(runs))
+	}
+	b, _ := scaled.Bound()
+	var err error
+	if scaled.IsSteady() {
+		err = stormlab.WriteSteadyTable(out, b, rows)
+	} else {
+		err = stormlab.WriteHerdTable(out, b, rows)
+	}
+	if err != nil {
+		return stormlab.SVGSection{}, err
+	}
+	fmt.Fprintln(out)
+	label := "outcomes"
+	if o.runs > 1 {
+		label = "outcomes of the median run"
+	}
+	fmt.Fprintf(out, "%s:\n", label)
+	if err := stormlab.WriteOutcomes(out, typical); err != nil {
+		return stormlab.SVGSection{}, err
+	}
+	fmt.Fprintln(out)
+	if scaled.IsSteady() {
+		err = stormlab.WriteGoodput(out, typical, o.width)
+		return stormlab.SVGSection{Title: sc.scenario.Name + ": ok calls over time", Results: typical}, err
+	}
+	err = stormlab.WriteHistograms(out, typical, o.width)
+	return stormlab.SVGSection{Title: sc.scenario.Name + ": retries per window at the server", Results: typical}, err
+}
+
+// legends returns the legends of the tables the scenarios print.
+func legends(scenarios []plannedScenario) []string {
+	var herd, steady, other bool
+	for _, sc := range scenarios {
+		switch {
+		case sc.scenario.IsHerd():
+			herd = true
+		case sc.scenario.IsSteady():
+			steady = true
+		default:
+			other = true
+		}
+	}
+	var out []string
+	if other {
+		out = append(out, stormlab.Legend)
+	}
+	if herd {
+		out = append(out, stormlab.HerdLegend)
+	}
+	if steady {
+		out = append(out, stormlab.SteadyLegend)
+	}
+	return out
+}
+
+// writeFile creates name and writes it with write.
+func writeFile(name string, write func(io.Writer) error) error {
+	f, err := os.Create(name)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 type plannedScenario struct {
@@ -201,32 +336,36 @@ func pickScenarios(o options) ([]plannedScenario, error) {
 		}
 	}
 	var scs []stormlab.Scenario
-	switch which {
-	case "published":
-		scs = []stormlab.Scenario{stormlab.Published()}
-	case "overload":
-		scs = []stormlab.Scenario{stormlab.Overload()}
-	case "lost-replies":
-		scs = []stormlab.Scenario{stormlab.LostReplies()}
-	case "slow":
-		scs = []stormlab.Scenario{stormlab.SlowAttempts()}
-	case "all":
-		scs = []stormlab.Scenario{stormlab.Published(), stormlab.Overload(), stormlab.LostReplies(), stormlab.SlowAttempts()}
-	default:
-		return nil, fmt.Errorf(`-scenario %q: want "published", "overload", "lost-replies", "slow" or "all"`, which)
+	for _, name := range strings.Split(which, ",") {
+		more, ok := scenariosNamed[strings.TrimSpace(name)]
+		if !ok {
+			return nil, fmt.Errorf("-scenario %q: want %s, or several separated by commas", name, scenarioNames)
+		}
+		scs = append(scs, more()...)
+	}
+	if o.runs > 1 {
+		for _, sc := range scs {
+			if !sc.IsHerd() && !sc.IsSteady() {
+				return nil, fmt.Errorf("-runs %d with -scenario %q: medians are for the herd-* and steady-* scenarios only", o.runs, which)
+			}
+		}
 	}
 	var out []plannedScenario
 	for _, sc := range scs {
-		sc.Calls, sc.Attempts, sc.Base = o.calls, o.attempts, o.base
+		if !sc.IsSteady() {
+			sc.Calls, sc.Attempts, sc.Base = o.calls, o.attempts, o.base
+		}
 		all := stormlab.StrategiesFor(sc)
 		if o.compare {
 			out = append(out, plannedScenario{sc, all})
 			continue
 		}
 		var picked []stormlab.Strategy
-		for _, st := range all {
-			if strings.EqualFold(st.Name, o.strategy) {
-				picked = append(picked, st)
+		for _, name := range strings.Split(o.strategy, ",") {
+			for _, st := range all {
+				if strings.EqualFold(st.Name, strings.TrimSpace(name)) {
+					picked = append(picked, st)
+				}
 			}
 		}
 		if len(picked) > 0 {
@@ -237,6 +376,28 @@ func pickScenarios(o options) ([]plannedScenario, error) {
 		return nil, fmt.Errorf("-strategy %q with -scenario %q: want one of %s", o.strategy, which, strategyNames())
 	}
 	return out, nil
+}
+
+// scenarioNames lists the names -scenario takes.
+const scenarioNames = `"published", "overload", "lost-replies", "slow", "all", "herd-20", "herd-80", "herd-320", "herds", "steady-cut", "steady-outage", "steady-gentle" or "steady"`
+
+// scenariosNamed maps each name -scenario takes to its scenarios.
+var scenariosNamed = map[string]func() []stormlab.Scenario{
+	"published":    func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.Published()} },
+	"overload":     func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.Overload()} },
+	"lost-replies": func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.LostReplies()} },
+	"slow":         func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.SlowAttempts()} },
+	"all": func() []stormlab.Scenario {
+		return []stormlab.Scenario{stormlab.Published(), stormlab.Overload(), stormlab.LostReplies(), stormlab.SlowAttempts()}
+	},
+	"herd-20":       func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.Herd(20)} },
+	"herd-80":       func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.Herd(80)} },
+	"herd-320":      func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.Herd(320)} },
+	"herds":         stormlab.Herds,
+	"steady-cut":    func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.SteadyCut()} },
+	"steady-outage": func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.SteadyOutage()} },
+	"steady-gentle": func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.SteadyGentle()} },
+	"steady":        stormlab.SteadyScenarios,
 }
 
 func checkLoopback(flagName, addr string) error {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +19,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestRejectsBadFlags(t *testing.T) {
-	base := options{addr: "127.0.0.1:1", calls: 10, attempts: 3, base: time.Second, scale: 1, strategy: "herdguard defaults"}
+	base := options{addr: "127.0.0.1:1", calls: 10, attempts: 3, base: time.Second, scale: 1, runs: 1, strategy: "herdguard defaults"}
 	tests := []struct {
 		name string
 		edit func(*options)
@@ -33,6 +34,10 @@ func TestRejectsBadFlags(t *testing.T) {
 		{"jaeger without otlp", func(o *options) { o.jaeger, o.traceSVG = "http://127.0.0.1:16686", "x.svg" }, "-jaeger"},
 		{"jaeger not a URL", func(o *options) { o.jaeger, o.traceSVG, o.otlp = "127.0.0.1:16686", "x.svg", "127.0.0.1:1" }, "http://host:port"},
 		{"remote jaeger", func(o *options) { o.jaeger, o.traceSVG, o.otlp = "http://10.0.0.1:16686", "x.svg", "127.0.0.1:1" }, "loopback"},
+		{"negative runs", func(o *options) { o.runs = -1 }, "-runs -1"},
+		{"medians of a scenario that has none", func(o *options) { o.runs, o.scenario = 3, "herds,published" }, "-runs 3"},
+		{"unknown scenario in a list", func(o *options) { o.scenario = "herds,tsunami" }, `"tsunami"`},
+		{"unknown strategy under steady load", func(o *options) { o.scenario, o.strategy = "steady-cut", "pray" }, `"pray"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -56,7 +61,7 @@ func TestRunPrintsTableTreeAndSVG(t *testing.T) {
 	svg := filepath.Join(t.TempDir(), "storm.svg")
 	waterfall := filepath.Join(t.TempDir(), "call.svg")
 	var out, progress bytes.Buffer
-	o := options{addr: addr, calls: 60, attempts: 5, base: time.Second, scale: 20,
+	o := options{addr: addr, calls: 60, attempts: 5, base: time.Second, scale: 20, runs: 1,
 		strategy: "exponential + full jitter", scenario: "published", trace: true, samples: 1, width: 40, svg: svg, traceSVG: waterfall}
 	if err := run(context.Background(), o, &out, &progress); err != nil {
 		t.Fatal(err)
@@ -86,5 +91,62 @@ func TestRunPrintsTableTreeAndSVG(t *testing.T) {
 	b, err := os.ReadFile(svg)
 	if err != nil || !bytes.HasPrefix(b, []byte("<svg")) {
 		t.Errorf("svg file: %v, %.40q", err, b)
+	}
+}
+
+func TestPickScenarios(t *testing.T) {
+	o := options{calls: 10, attempts: 2, base: time.Millisecond, runs: 3, strategy: "no retries, herdguard defaults", scenario: "herd-20,steady"}
+	got, err := pickScenarios(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range got {
+		names = append(names, p.scenario.Name)
+		if len(p.strategies) != 2 || p.strategies[0].Name != "no retries" || p.strategies[1].Name != "herdguard defaults" {
+			t.Errorf("%s: strategies %v, want the two asked for", p.scenario.Name, p.strategies)
+		}
+	}
+	want := []string{stormlab.Herd(20).Name, stormlab.SteadyCut().Name, stormlab.SteadyOutage().Name, stormlab.SteadyGentle().Name}
+	if !slices.Equal(names, want) {
+		t.Errorf("scenarios %q, want %q", names, want)
+	}
+	// -calls, -attempts and -base shape the herds, not the steady loads
+	if h := got[0].scenario; h.Calls != 10 || h.Attempts != 2 || h.Base != time.Millisecond {
+		t.Errorf("herd %+v: want the flags' calls, attempts and base", h)
+	}
+	if s := got[1].scenario; s.Attempts != 3 || s.Base != 100*time.Millisecond || s.Rate != 600 {
+		t.Errorf("steady load %+v: want policy.Default's attempts and base, 600 calls/s", s)
+	}
+	o.compare = true
+	got, _ = pickScenarios(o)
+	if n := len(got[0].strategies); n != len(stormlab.HerdStrategies(stormlab.Herd(20))) {
+		t.Errorf("-compare ran %d strategies in the herd", n)
+	}
+}
+
+// TestRunComparedSteady runs a small steady load twice per strategy and
+// prints the medians, the best possible, the outcomes and the goodput chart.
+func TestRunComparedSteady(t *testing.T) {
+	_, addr, stop, err := stormlab.ServeLoopback(stormlab.Faults{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	sc := stormlab.Scenario{Name: "small", Rate: 200, Duration: 300 * time.Millisecond, Deadline: time.Second, Bucket: 50 * time.Millisecond,
+		Faults: stormlab.Faults{Capacity: 100, TriggerAt: 100 * time.Millisecond, TriggerFor: 100 * time.Millisecond, TriggerOutage: true}}
+	var out bytes.Buffer
+	section, err := runCompared(context.Background(), &stormlab.Runner{Addr: addr}, plannedScenario{sc, []stormlab.Strategy{stormlab.NoRetriesStrategy()}},
+		options{runs: 2, scale: 1, width: 40}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"medians of 2 runs", "no retries", "best possible", "outcomes of the median run", "▒ marks the trigger", "error Unavailable"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if len(section.Results) != 1 || section.Results[0].Steady == nil || len(section.Results[0].Steady.Calls) != 60 {
+		t.Errorf("the chart's section: %+v", section)
 	}
 }

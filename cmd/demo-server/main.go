@@ -4,6 +4,7 @@
 //
 //	demo-server -addr 127.0.0.1:0 -fail-rate 0.3
 //	demo-server -capacity 150 -recover-after 500ms
+//	demo-server -capacity 80 -model gentle -trigger-at 3s -trigger-for 2s -trigger-capacity 30
 //	demo-server -otlp 127.0.0.1:4317
 //
 // With -otlp, every call to the gateway is traced with otelgrpc's server
@@ -40,13 +41,19 @@ func main() {
 		f        stormlab.Faults
 	)
 	flag.Float64Var(&f.FailRate, "fail-rate", 0, "fail each attempt with Unavailable with this probability")
-	flag.DurationVar(&f.Outage, "outage", 0, "fail every attempt for this long after start (and after each reset)")
+	flag.DurationVar(&f.Outage, "outage", 0, "fail every attempt for this long after the first attempt (the fault clock starts there, at start and after each reset)")
 	flag.IntVar(&f.Capacity, "capacity", 0, "attempts accepted per capacity window before the server overloads (0: unlimited)")
 	flag.DurationVar(&f.CapacityWindow, "capacity-window", 0, "the capacity window (default: the counting window)")
 	flag.DurationVar(&f.RecoverAfter, "recover-after", 0, "how long arrivals must stay within capacity to end an overload (default: one capacity window)")
 	flag.Float64Var(&f.LostReplyRate, "lost-reply-rate", 0, "apply a charge, then fail the attempt as if its reply were lost, with this probability")
 	flag.Int64Var(&f.Seed, "seed", 1, "seed of the random faults")
 	flag.DurationVar(&f.Window, "window", stormlab.DefaultWindow, "width of the counting windows")
+	flag.StringVar(&f.Model, "model", stormlab.ModelSticky, `over capacity: "sticky" fails everything until calm, "gentle" queues attempts and fails those that would wait over -queue-limit`)
+	flag.DurationVar(&f.QueueLimit, "queue-limit", 0, "the gentle model's longest wait (default: ten capacity windows)")
+	flag.DurationVar(&f.TriggerAt, "trigger-at", 0, "start a trigger this long after the first attempt")
+	flag.DurationVar(&f.TriggerFor, "trigger-for", 0, "the trigger's length (0: no trigger)")
+	flag.IntVar(&f.TriggerCapacity, "trigger-capacity", 0, "attempts accepted per capacity window during the trigger")
+	flag.BoolVar(&f.TriggerOutage, "trigger-outage", false, "fail every attempt during the trigger")
 	flag.Parse()
 
 	if err := run(*addr, *addrFile, *otlp, f); err != nil {

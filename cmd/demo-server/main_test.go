@@ -16,7 +16,7 @@ func TestRefusesToListenBeyondLoopback(t *testing.T) {
 			t.Errorf("run(%q) = %v, want an error naming the address", addr, err)
 		}
 	}
-	if err := run("127.0.0.1:0", "", "", stormlab.Faults{FailRate: 2}); err == nil || !strings.Contains(err.Error(), "fail rate 2") {
+	if err := run("127.0.0.1:0", "", "", stormlab.Faults{FailRate: 2}); err == nil || !strings.Contains(err.Error(), "FailRate = 2") {
 		t.Errorf("bad faults: %v", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -20,18 +21,29 @@ import (
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
 
-// Scenario is one experiment: a herd of calls against a server with
-// faults, all durations at full scale.
+// Scenario is one experiment: a herd of calls, paced calls or steady load
+// against a server with faults, all durations at full scale.
 type Scenario struct {
 	Name     string
-	Calls    int           // calls fired at the same instant, or paced
+	Calls    int           // calls fired at the same instant, or paced; steady load: Rate × Duration
 	Attempts int           // attempts per call, the first included
 	Base     time.Duration // the first wait
 	Cap      time.Duration // the longest wait
 	// Interval, if above 0, paces the calls: one starts every Interval (an
 	// open loop, whatever the earlier ones do) instead of all at once.
 	Interval time.Duration
-	Faults   Faults
+	// Rate, if above 0, makes the scenario steady load: calls start open
+	// loop, Rate per second for Duration, each on schedule whatever the
+	// earlier ones do, and each with its own Deadline.
+	Rate     float64
+	Duration time.Duration
+	Deadline time.Duration
+	// Bucket is the width of the buckets a steady-load run's completions
+	// are counted in (goodput, recovery); 0 means 250 ms.
+	Bucket time.Duration
+	Faults Faults
+
+	herd bool // one of the herds at a given capacity (see [Herd])
 }
 
 // Published is the published experiment: 1000 calls, each attempt failing
@@ -91,6 +103,9 @@ type Strategy struct {
 	// IdempotencyKey gives every call a key (WithIdempotencyKey) the server
 	// dedupes charges by.
 	IdempotencyKey bool
+	// Options are added after those Run builds from the fields above, so
+	// they can switch any feature on or off. Scale leaves them as they are.
+	Options []interceptor.Option
 }
 
 // Strategies returns the strategies compared in a scenario, in order: retry
@@ -124,9 +139,16 @@ func BudgetStrategy(sc Scenario) Strategy {
 
 // StrategiesFor returns the strategies the demo compares in a scenario: all
 // of Strategies, plus the budget under the overload (a budget is sized for
-// steady traffic, so it is shown where retries amplify an outage), and the
-// idempotency pair for lost replies.
+// steady traffic, so it is shown where retries amplify an outage), the
+// idempotency pair for lost replies, HerdStrategies for the herds and
+// SteadyStrategies for steady load.
 func StrategiesFor(sc Scenario) []Strategy {
+	switch {
+	case sc.IsSteady():
+		return SteadyStrategies()
+	case sc.IsHerd():
+		return HerdStrategies(sc)
+	}
 	switch sc.Name {
 	case Overload().Name:
 		return append(Strategies(sc), BudgetStrategy(sc), SingleAttemptStrategy(), HedgeStrategy())
@@ -170,11 +192,22 @@ func IdempotencyStrategies(sc Scenario) []Strategy {
 	}
 }
 
-// Scale divides every duration of the scenario by s (s ≥ 1 shortens it).
+// Scale divides every duration of the scenario by s (s ≥ 1 shortens it)
+// and multiplies a steady load's Rate by s, so that as many calls arrive
+// per (shorter) window.
 func (sc Scenario) Scale(s float64) Scenario {
 	sc.Base, sc.Cap = scaleDur(sc.Base, s), scaleDur(sc.Cap, s)
+	if sc.Rate > 0 && s > 0 {
+		sc.Rate *= s
+		sc.Duration, sc.Deadline = scaleDur(sc.Duration, s), scaleDur(sc.Deadline, s)
+		sc.Bucket = scaleDur(sc.bucket(), s)
+	}
 	f := &sc.Faults
 	f.Outage, f.CapacityWindow, f.RecoverAfter, f.Window = scaleDur(f.Outage, s), scaleDur(f.CapacityWindow, s), scaleDur(f.RecoverAfter, s), scaleDur(f.Window, s)
+	f.QueueLimit, f.TriggerFor = scaleDur(f.QueueLimit, s), scaleDur(f.TriggerFor, s)
+	if f.TriggerAt > 0 && s > 0 {
+		f.TriggerAt = time.Duration(float64(f.TriggerAt) / s) // may be shorter than a millisecond, as it may be 0
+	}
 	// A paced run keeps its pace and its normal latencies (below a
 	// millisecond they would be lost in the machine's own noise); only its
 	// slow attempts get shorter.
@@ -234,8 +267,16 @@ type Result struct {
 	Elapsed  time.Duration
 	Stats    *demov1.GetStatsResponse
 	// Latencies are the successful calls' latencies, as the client saw
-	// them, in order (paced runs only).
+	// them, in order (paced and steady runs only).
 	Latencies []time.Duration
+	// Steady is what the client recorded of each call of a steady load;
+	// nil for other scenarios.
+	Steady *Steady
+}
+
+// AttemptsPerCall is the attempts the server received per call started.
+func (r Result) AttemptsPerCall() float64 {
+	return float64(r.Stats.GetAttempts()) / float64(max(r.Calls, 1))
 }
 
 // Percentile returns the q quantile (nearest rank) of the successful
@@ -261,8 +302,9 @@ type Runner struct {
 }
 
 // Run resets the server to the scenario's faults, fires the scenario's
-// calls at once through an interceptor configured as st, waits for all of
-// them, and returns what the server and the client counted. sc and st are
+// calls (at once, paced, or as steady load) through an interceptor
+// configured as st, waits for all of them, and returns what the server and
+// the client counted. sc and st are
 // at full scale; every duration of both is divided by scale.
 func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float64) (Result, error) {
 	sc, st = sc.Scale(scale), st.Scale(scale)
@@ -278,6 +320,7 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float6
 	if st.IdempotencyKey {
 		opts = append(opts, interceptor.WithIdempotencyKey(IdempotencyKeyMetadata))
 	}
+	opts = append(opts, st.Options...)
 	ic, err := interceptor.New(opts...)
 	if err != nil {
 		return Result{Scenario: sc.Name, Strategy: st.Name, Calls: sc.Calls}, fmt.Errorf("strategy %q: %w", st.Name, err)
@@ -306,7 +349,7 @@ func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial [
 	}
 	defer cc.Close()
 	client := demov1.NewGatewayServiceClient(cc)
-	cc.Connect()
+	waitReady(ctx, cc)
 
 	if r.OnProgress != nil {
 		r.OnProgress(sc.Name, name, false)
@@ -315,11 +358,11 @@ func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial [
 	if _, err := ctl.ResetStats(ctx, &demov1.ResetStatsRequest{Faults: sc.Faults.Proto()}); err != nil {
 		return res, fmt.Errorf("reset the server: %w", err)
 	}
-	// The server counts in windows from the reset. Start the herd just
-	// after a window opens: its first attempts take a while to dispatch, and
-	// each wave of retries keeps that offset and spread, so a wave lands in
-	// one window instead of straddling two.
-	wait(ctx, sc.Faults.withDefaults().Window/10)
+	// The server's clock starts at the first attempt it counts, so the herd
+	// opens its first window and each wave of retries keeps that offset.
+	if sc.Rate > 0 {
+		return r.runSteady(ctx, sc, res, client, ctl)
+	}
 
 	// A generous bound per call: no call of a scenario needs longer than all
 	// its waits at their cap.
@@ -439,6 +482,19 @@ func fireHerd(ctx context.Context, client demov1.GatewayServiceClient, n int, ti
 	close(start)
 	wg.Wait()
 	return h
+}
+
+// waitReady connects cc and waits until it is ready (or ctx ends), so that
+// the first calls do not wait for the connection.
+func waitReady(ctx context.Context, cc *grpc.ClientConn) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	cc.Connect()
+	for st := cc.GetState(); st != connectivity.Ready; st = cc.GetState() {
+		if !cc.WaitForStateChange(ctx, st) {
+			return
+		}
+	}
 }
 
 // waitRecovered polls the server until it is no longer overloaded, for at

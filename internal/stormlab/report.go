@@ -77,9 +77,9 @@ func fmtLatency(d time.Duration) string { return d.Round(100 * time.Microsecond)
 const Legend = `calls ok, failed, breaker fast-fails, budget refusals, after recovery: counted by the client
 (a refused call never reaches the server; "after recovery": calls made one after another once the server
 recovered and the client's breaker, if any, let calls through again).
-peak retries / window: the most retries in one window of the series since the reset, as the published figures count;
+peak retries / window: the most retries in one window of the series, as the published figures count;
 (any span): the most in any span one window long, wherever it starts, so a wave straddling two windows counts whole.
-attempts sent, until last success, peaks, overload, charges: counted by the server, by arrival time since its reset,
+attempts sent, until last success, peaks, overload, charges: counted by the server, by arrival time since its first arrival,
 read once an overloaded server has recovered ("still down": it had not within 10 times its recovery period).
 charged more than once = charges applied - calls: every call's first attempt is charged, and each retry of a call
 whose reply was lost is charged again unless the server can recognise it by its idempotency key.

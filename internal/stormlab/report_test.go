@@ -2,9 +2,14 @@ package stormlab
 
 import (
 	"encoding/xml"
+	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
 
 // TestWriteSVGEmptySection: a section with no results adds nothing to the
@@ -58,5 +63,132 @@ func wellFormed(s string) error {
 		} else if err != nil {
 			return err
 		}
+	}
+}
+
+// steadyResult is a steady-load result whose calls end ok in every bucket
+// but those listed as failing, 4 calls per 250 ms bucket over 3 s, with a
+// trigger from 1 s to 2 s.
+func steadyResult(name string, failing ...int) Result {
+	s := &Steady{Bucket: 250 * time.Millisecond, TriggerStart: time.Second, TriggerEnd: 2 * time.Second, Rate: 16}
+	r := Result{Strategy: name, Steady: s, Stats: &demov1.GetStatsResponse{}}
+	for b := range 12 {
+		for k := range 4 {
+			o := "ok"
+			if slices.Contains(failing, b) {
+				o = "exhausted"
+			} else {
+				r.Succeeded++
+			}
+			s.Calls = append(s.Calls, Completion{End: time.Duration(b)*s.Bucket + time.Duration(k)*time.Millisecond, Outcome: o})
+		}
+	}
+	r.Calls = len(s.Calls)
+	return r
+}
+
+func TestWriteGoodput(t *testing.T) {
+	rs := []Result{steadyResult("calm"), steadyResult("a<b>", 4, 5, 6, 7, 8, 9)}
+	var b strings.Builder
+	if err := WriteGoodput(&b, rs, 72); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	want := []string{
+		"trigger |    ▒▒▒▒    |",
+		"calm    |████████████| ok 100.0 %",
+		"a<b>    |████      ██| ok 50.0 %",
+	}
+	if len(lines) != 4 || !strings.Contains(lines[0], "full bar = 4 calls") || !slices.Equal(lines[1:], want) {
+		t.Errorf("WriteGoodput =\n%s\nwant under its header:\n%s", b.String(), strings.Join(want, "\n"))
+	}
+	// folded: two buckets per column, each column their mean
+	b.Reset()
+	WriteGoodput(&b, rs[1:], 6)
+	if got := strings.Split(b.String(), "\n")[2]; got != "a<b>    |██   █| ok 50.0 %" {
+		t.Errorf("folded row %q", got)
+	}
+	for _, in := range [][]Result{nil, {{Strategy: "herd", Stats: fakeStats(100, []int64{1}, 0, 0)}}} {
+		b.Reset()
+		if err := WriteGoodput(&b, in, 72); err != nil || b.Len() != 0 {
+			t.Errorf("WriteGoodput of no steady results: %q, %v; want nothing", b.String(), err)
+		}
+	}
+}
+
+func TestWriteGoodputSVG(t *testing.T) {
+	rs := []Result{steadyResult("calm"), steadyResult("a<b>", 4, 5, 6, 7, 8, 9)}
+	var b strings.Builder
+	if err := WriteGoodputSVG(&b, []SVGSection{{Title: "cut & run", Results: rs}}); err != nil {
+		t.Fatal(err)
+	}
+	svg := b.String()
+	if err := wellFormed(svg); err != nil {
+		t.Fatalf("not well-formed: %v\n%s", err, svg)
+	}
+	for _, want := range []string{"<polyline", "cut &amp; run", "a&lt;b&gt; (50.0 % ok)", "calm (100.0 % ok)", `fill="#f3d9d9"`, "calls offered", ">3s<"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("svg lacks %q", want)
+		}
+	}
+	if n := strings.Count(svg, "<polyline"); n != 2 {
+		t.Errorf("%d polylines, want one per strategy", n)
+	}
+	// a polyline point per bucket: the failing buckets of a<b> sit on the axis
+	if !strings.Contains(svg, fmt.Sprintf("%.1f,%.1f", 60+800*(4.5/12.0), float64(40+240))) {
+		t.Errorf("the first failing bucket of a<b> is not at 0:\n%s", svg)
+	}
+
+	for _, tt := range []struct {
+		name     string
+		sections []SVGSection
+	}{
+		{"no sections", nil},
+		{"an empty section", []SVGSection{{Title: "empty"}}},
+		{"a section of herd results", []SVGSection{{Title: "herd", Results: []Result{{Strategy: "x", Stats: fakeStats(100, []int64{1}, 0, 0)}}}}},
+		{"a section of results without completions", []SVGSection{{Title: "nothing", Results: []Result{{Strategy: "x", Steady: &Steady{Bucket: time.Second}}}}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var b strings.Builder
+			if err := WriteGoodputSVG(&b, tt.sections); err != nil {
+				t.Fatal(err)
+			}
+			if err := wellFormed(b.String()); err != nil || !strings.HasPrefix(b.String(), "<svg") {
+				t.Errorf("WriteGoodputSVG = %q (%v), want a well-formed <svg>", b.String(), err)
+			}
+			if tt.name != "a section of results without completions" && strings.Contains(b.String(), "<text") {
+				t.Errorf("drew something of nothing:\n%s", b.String())
+			}
+		})
+	}
+}
+
+func TestWriteSteadyAndHerdTables(t *testing.T) {
+	rows := []Summary{
+		{Strategy: "no retries", Runs: 3, Calls: 7200, OK: 5400, AttemptsPerCall: 1, Recovery: time.Second, P50: 400 * time.Microsecond, P99: 2 * time.Millisecond},
+		{Strategy: "storm", Runs: 3, Calls: 7200, OK: 1800, AttemptsPerCall: 2.49, Never: true},
+	}
+	var b strings.Builder
+	if err := WriteSteadyTable(&b, Bound{Calls: 7200, OK: 6696, Attempts: 7200}, rows); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"medians of 3 runs", "75.0 %", "1.00s", "never", "2.49", "best possible", "6696", "93.0 %", "400µs"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("steady table lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	hb, _ := Herd(80).Bound()
+	if err := WriteHerdTable(&b, hb, []Summary{{Strategy: "h", Runs: 1, OK: 995, Attempts: 3840, LastSuccess: 4600 * time.Millisecond}}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if lines[0] != "least possible: 1920 attempts, last success at 2.30s" ||
+		strings.Join(strings.Fields(lines[len(lines)-2]), " ") != "h 995 3840 2.00 4.60s 2.00 0 0" ||
+		strings.Join(strings.Fields(lines[len(lines)-1]), " ") != "least possible 1000 1920 1.00 2.30s 1.00" {
+		t.Errorf("herd table:\n%s", b.String())
+	}
+	if strings.Contains(b.String(), "medians") {
+		t.Errorf("one run is not a median:\n%s", b.String())
 	}
 }

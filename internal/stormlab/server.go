@@ -1,8 +1,10 @@
 // Package stormlab is the retry-storm experiment behind the demo commands:
-// a payment gateway that injects faults and counts every attempt by arrival
-// time (the server), and a driver that fires a herd of calls through
-// herdguard configured as each strategy and reports what the server counted
-// (the client). It uses only herdguard's public API.
+// a payment gateway that injects faults, among them a sticky or a gentle
+// overload and triggers that end, and counts every attempt by arrival time
+// (the server), and a driver that fires a herd of calls, or a steady load
+// open loop, through herdguard configured as each strategy (or any other
+// client) and reports what the server and the client counted (the client).
+// It uses only herdguard's public API.
 package stormlab
 
 import (
@@ -31,14 +33,28 @@ const DefaultWindow = 100 * time.Millisecond
 // idempotency key from, when the request carries none.
 const IdempotencyKeyMetadata = "idempotency-key"
 
+// The overload models a capacity limit can follow; see Faults.Model.
+const (
+	// ModelSticky fails every attempt once a capacity window takes more
+	// than its capacity, until arrivals have stayed within capacity for
+	// RecoverAfter: retries that keep coming keep it down.
+	ModelSticky = "sticky"
+	// ModelGentle serves attempts in arrival order at Capacity per
+	// CapacityWindow through a queue: an attempt waits for its turn, or
+	// fails at once if its turn is more than QueueLimit away.
+	ModelGentle = "gentle"
+)
+
 // Faults are the server's fault models; see demov1.Faults. The zero value
-// injects no faults and counts in DefaultWindow windows.
+// injects no faults and counts in DefaultWindow windows. Their clock
+// (windows, Outage, the trigger) starts at the first counted arrival after
+// a reset, so a herd's first attempts open its first window.
 type Faults struct {
 	FailRate       float64       // each attempt fails with this probability
-	Outage         time.Duration // every attempt fails this long after the reset
+	Outage         time.Duration // every attempt fails this long after the clock starts
 	Capacity       int           // attempts accepted per CapacityWindow; 0 = unlimited
 	CapacityWindow time.Duration // 0 = the counting window
-	RecoverAfter   time.Duration // calm needed to leave overload; 0 = one capacity window
+	RecoverAfter   time.Duration // sticky model: calm needed to leave overload; 0 = one capacity window
 	LostReplyRate  float64       // a charge is applied, then the reply is "lost"
 	Seed           int64
 	Window         time.Duration // counting window; 0 = DefaultWindow
@@ -48,6 +64,20 @@ type Faults struct {
 	Latency, LatencySpread time.Duration
 	SlowRate               float64
 	SlowLatency            time.Duration
+	// Model is how the server behaves over capacity: ModelSticky (the
+	// default; "" means it) or ModelGentle.
+	Model string
+	// QueueLimit is the longest wait in the gentle model's queue; 0 means
+	// ten capacity windows (1 s at full scale).
+	QueueLimit time.Duration
+	// TriggerAt and TriggerFor bound a trigger, from TriggerAt after the
+	// clock starts for TriggerFor (0: no trigger). During it the capacity
+	// per window is TriggerCapacity instead of Capacity or, with
+	// TriggerOutage, every attempt fails; the sticky model takes an outage
+	// as capacity 0, so it still needs RecoverAfter of calm after it ends.
+	TriggerAt, TriggerFor time.Duration
+	TriggerCapacity       int
+	TriggerOutage         bool
 }
 
 func (f Faults) withDefaults() Faults {
@@ -60,26 +90,67 @@ func (f Faults) withDefaults() Faults {
 	if f.RecoverAfter <= 0 {
 		f.RecoverAfter = f.CapacityWindow
 	}
+	if f.Model == "" {
+		f.Model = ModelSticky
+	}
+	if f.QueueLimit <= 0 {
+		f.QueueLimit = 10 * f.CapacityWindow
+	}
 	return f
 }
 
-// Validate reports an unusable field by name and value.
+// limited reports whether capacity is limited at any time.
+func (f Faults) limited() bool { return f.Capacity > 0 || f.TriggerFor > 0 }
+
+// capacityAt returns the attempts accepted per capacity window at since
+// after the clock started, and whether they are limited at all: during the
+// trigger TriggerCapacity, or 0 for an outage; otherwise Capacity.
+func (f Faults) capacityAt(since time.Duration) (int, bool) {
+	if f.TriggerFor > 0 && since >= f.TriggerAt && since < f.TriggerAt+f.TriggerFor {
+		if f.TriggerOutage {
+			return 0, true
+		}
+		return f.TriggerCapacity, true
+	}
+	return f.Capacity, f.Capacity > 0
+}
+
+// Validate reports the first unusable field, naming it and its value.
 func (f Faults) Validate() error {
+	bad := func(field string, v any, why string) error {
+		return fmt.Errorf("stormlab: Faults.%s = %v: %s", field, v, why)
+	}
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"FailRate", f.FailRate}, {"LostReplyRate", f.LostReplyRate}, {"SlowRate", f.SlowRate}} {
+		if !(r.v >= 0 && r.v <= 1) {
+			return bad(r.name, r.v, "must be in [0, 1]")
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"Outage", f.Outage}, {"CapacityWindow", f.CapacityWindow}, {"RecoverAfter", f.RecoverAfter}, {"Window", f.Window},
+		{"Latency", f.Latency}, {"LatencySpread", f.LatencySpread}, {"SlowLatency", f.SlowLatency},
+		{"QueueLimit", f.QueueLimit}, {"TriggerAt", f.TriggerAt}, {"TriggerFor", f.TriggerFor},
+	} {
+		if d.v < 0 {
+			return bad(d.name, d.v, "must not be negative")
+		}
+	}
 	switch {
-	case f.FailRate < 0 || f.FailRate > 1 || f.FailRate != f.FailRate:
-		return fmt.Errorf("fail rate %v: must be in [0, 1]", f.FailRate)
-	case f.LostReplyRate < 0 || f.LostReplyRate > 1 || f.LostReplyRate != f.LostReplyRate:
-		return fmt.Errorf("lost reply rate %v: must be in [0, 1]", f.LostReplyRate)
-	case f.SlowRate < 0 || f.SlowRate > 1 || f.SlowRate != f.SlowRate:
-		return fmt.Errorf("slow rate %v: must be in [0, 1]", f.SlowRate)
-	case f.Latency < 0 || f.LatencySpread < 0 || f.SlowLatency < 0:
-		return fmt.Errorf("latencies must not be negative")
-	case f.Outage < 0:
-		return fmt.Errorf("outage %v: must not be negative", f.Outage)
 	case f.Capacity < 0:
-		return fmt.Errorf("capacity %d: must not be negative", f.Capacity)
-	case f.CapacityWindow < 0 || f.RecoverAfter < 0 || f.Window < 0:
-		return fmt.Errorf("windows must not be negative")
+		return bad("Capacity", f.Capacity, "must not be negative (0 is unlimited)")
+	case f.TriggerCapacity < 0:
+		return bad("TriggerCapacity", f.TriggerCapacity, "must not be negative")
+	case f.Model != "" && f.Model != ModelSticky && f.Model != ModelGentle:
+		return bad("Model", fmt.Sprintf("%q", f.Model), fmt.Sprintf("want %q or %q", ModelSticky, ModelGentle))
+	case f.TriggerFor > 0 && !f.TriggerOutage && f.TriggerCapacity == 0:
+		return bad("TriggerCapacity", 0, fmt.Sprintf("a trigger of %v needs a capacity above 0, or TriggerOutage", f.TriggerFor))
+	case f.TriggerFor == 0 && (f.TriggerOutage || f.TriggerCapacity > 0 || f.TriggerAt > 0):
+		return bad("TriggerFor", 0, "a trigger (TriggerAt, TriggerCapacity, TriggerOutage) needs a length")
 	}
 	return nil
 }
@@ -93,11 +164,15 @@ func (f Faults) Proto() *demov1.Faults {
 		Seed: f.Seed, WindowMs: f.Window.Milliseconds(),
 		LatencyUs: f.Latency.Microseconds(), LatencySpreadUs: f.LatencySpread.Microseconds(),
 		SlowRate: f.SlowRate, SlowLatencyMs: f.SlowLatency.Milliseconds(),
+		Model: f.Model, QueueLimitUs: f.QueueLimit.Microseconds(),
+		TriggerAtUs: f.TriggerAt.Microseconds(), TriggerForUs: f.TriggerFor.Microseconds(),
+		TriggerCapacity: int64(f.TriggerCapacity), TriggerOutage: f.TriggerOutage,
 	}
 }
 
 // FaultsFromProto is the inverse of Faults.Proto. Durations travel as
-// microseconds-precise milliseconds: below 1ms they round to 0.
+// milliseconds or microseconds, as the message says: below that they round
+// to 0.
 func FaultsFromProto(p *demov1.Faults) Faults {
 	ms := func(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
 	us := func(v int64) time.Duration { return time.Duration(v) * time.Microsecond }
@@ -107,6 +182,9 @@ func FaultsFromProto(p *demov1.Faults) Faults {
 		LostReplyRate: p.GetLostReplyRate(), Seed: p.GetSeed(), Window: ms(p.GetWindowMs()),
 		Latency: us(p.GetLatencyUs()), LatencySpread: us(p.GetLatencySpreadUs()),
 		SlowRate: p.GetSlowRate(), SlowLatency: ms(p.GetSlowLatencyMs()),
+		Model: p.GetModel(), QueueLimit: us(p.GetQueueLimitUs()),
+		TriggerAt: us(p.GetTriggerAtUs()), TriggerFor: us(p.GetTriggerForUs()),
+		TriggerCapacity: int(p.GetTriggerCapacity()), TriggerOutage: p.GetTriggerOutage(),
 	}
 }
 
@@ -118,7 +196,7 @@ type Server struct {
 	mu       sync.Mutex
 	faults   Faults
 	rnd      *rand.Rand
-	start    time.Time
+	start    time.Time // the clock's start: the first counted arrival; zero before it
 	windows  []*demov1.Window
 	tenths   []tenth                 // the same arrivals in tenths of a window
 	total    demov1.GetStatsResponse // counters only
@@ -127,6 +205,7 @@ type Server struct {
 	order    []string          // charge ids in order
 	amounts  map[string]int64
 	overload overload
+	queueEnd time.Time // the gentle model's last service slot given out
 }
 
 // tenth counts the arrivals of a tenth of a window.
@@ -134,12 +213,12 @@ type tenth struct{ attempts, retries int64 }
 
 // overload is the load-dependent fault model's state.
 type overload struct {
-	windowStart time.Time // start of the current capacity window
+	windowStart time.Time // start of the current capacity window; zero before the clock starts
 	inWindow    int       // arrivals in it
 	overloaded  bool
 	since       time.Time     // when the current overload began
 	calmSince   time.Time     // start of the current run of windows within capacity
-	recoveredAt time.Duration // since the reset; -1 = not recovered
+	recoveredAt time.Duration // since the clock started; -1 = not recovered
 	spent       time.Duration // total time overloaded
 }
 
@@ -153,18 +232,20 @@ func NewServer(f Faults) (*Server, error) {
 	return s, nil
 }
 
-// reset clears the counts and restarts the fault clocks.
+// reset clears the counts and stops the fault clocks: the first counted
+// arrival starts them again.
 func (s *Server) reset(f Faults) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.faults = f.withDefaults()
 	s.rnd = rand.New(rand.NewPCG(uint64(f.Seed), uint64(f.Seed)^0x9e3779b97f4a7c15))
-	s.start = s.now()
+	s.start = time.Time{}
 	s.windows, s.tenths = nil, nil
 	s.total = demov1.GetStatsResponse{}
 	s.lastOK = 0
 	s.charges, s.order, s.amounts = map[string]string{}, nil, map[string]int64{}
-	s.overload = overload{windowStart: s.start, recoveredAt: -1}
+	s.overload = overload{recoveredAt: -1}
+	s.queueEnd = time.Time{}
 }
 
 // Register adds the gateway and its fault-injecting, counting interceptors
@@ -185,8 +266,12 @@ func (s *Server) unaryFaults(ctx context.Context, req any, info *grpc.UnaryServe
 	if controlMethod(info.FullMethod) {
 		return h(ctx, req)
 	}
-	w, err := s.arrive(ctx)
+	w, queued, err := s.arrive(ctx)
 	if err != nil {
+		return nil, err
+	}
+	if err := sleep(ctx, queued); err != nil {
+		s.finish(w, err) // the caller gave up while the attempt waited its turn
 		return nil, err
 	}
 	if err := s.delay(ctx); err != nil {
@@ -202,8 +287,12 @@ func (s *Server) unaryFaults(ctx context.Context, req any, info *grpc.UnaryServe
 }
 
 func (s *Server) streamFaults(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	w, err := s.arrive(ss.Context())
+	w, queued, err := s.arrive(ss.Context())
 	if err != nil {
+		return err
+	}
+	if err := sleep(ss.Context(), queued); err != nil {
+		s.finish(w, err)
 		return err
 	}
 	err = h(srv, ss)
@@ -212,14 +301,19 @@ func (s *Server) streamFaults(srv any, ss grpc.ServerStream, _ *grpc.StreamServe
 }
 
 // arrive counts an attempt in its window and decides whether the faults
-// fail it; a failure is counted here.
-func (s *Server) arrive(ctx context.Context) (*demov1.Window, error) {
+// fail it; a failure is counted here. The first arrival after a reset
+// starts the clock. Under the gentle model, queued is how long the attempt
+// must wait for its turn before it is served.
+func (s *Server) arrive(ctx context.Context) (w *demov1.Window, queued time.Duration, err error) {
 	retry := isRetry(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
+	if s.start.IsZero() {
+		s.start, s.overload.windowStart = now, now
+	}
 	since := now.Sub(s.start)
-	w := s.windowLocked(since)
+	w = s.windowLocked(since)
 	s.tenthLocked(since, retry)
 	s.total.Attempts++
 	if retry {
@@ -229,20 +323,49 @@ func (s *Server) arrive(ctx context.Context) (*demov1.Window, error) {
 		w.FirstAttempts++
 		s.total.FirstAttempts++
 	}
-	var err error
 	switch {
-	case s.overloadedLocked(now):
+	case s.faults.Model == ModelSticky && s.overloadedLocked(now):
 		err = status.Error(codes.Unavailable, "stormlab: overloaded")
 	case since < s.faults.Outage:
 		err = status.Error(codes.Unavailable, "stormlab: outage")
 	case s.faults.FailRate > 0 && s.rnd.Float64() < s.faults.FailRate:
 		err = status.Error(codes.Unavailable, "stormlab: injected failure")
+	case s.faults.Model == ModelGentle:
+		queued, err = s.queueLocked(now, since)
 	}
 	if err != nil {
 		w.Failed++
 		s.total.Failed++
 	}
-	return w, err
+	return w, queued, err
+}
+
+// queueLocked gives an attempt its service slot under the gentle model:
+// the server serves Capacity attempts per CapacityWindow in arrival order,
+// so the next slot is one service time (CapacityWindow/Capacity) after the
+// later of now and the last slot given out. An attempt whose slot is more
+// than QueueLimit away fails at once and takes no slot; during a trigger's
+// outage every attempt fails.
+func (s *Server) queueLocked(now time.Time, since time.Duration) (time.Duration, error) {
+	f := s.faults
+	c, limited := f.capacityAt(since)
+	switch {
+	case !limited:
+		return 0, nil
+	case c == 0:
+		return 0, status.Error(codes.Unavailable, "stormlab: outage")
+	}
+	slot := now
+	if s.queueEnd.After(slot) {
+		slot = s.queueEnd
+	}
+	slot = slot.Add(f.CapacityWindow / time.Duration(c))
+	wait := slot.Sub(now)
+	if wait > f.QueueLimit {
+		return 0, status.Error(codes.Unavailable, "stormlab: overloaded")
+	}
+	s.queueEnd = slot
+	return wait, nil
 }
 
 // delay makes an attempt take the latency the faults give it, or less if
@@ -258,6 +381,15 @@ func (s *Server) delay(ctx context.Context) error {
 		d = f.Latency + time.Duration(s.rnd.Float64()*float64(f.LatencySpread))
 	}
 	s.mu.Unlock()
+	if d <= 0 {
+		return nil
+	}
+	return sleep(ctx, d)
+}
+
+// sleep waits d, or less if ctx ends first, which it reports as the
+// status of the context's error.
+func sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
@@ -298,6 +430,7 @@ func (s *Server) finish(w *demov1.Window, err error) {
 		s.total.Failed++
 		return
 	}
+	w.Succeeded++
 	s.total.Succeeded++
 	s.lastOK = s.now().Sub(s.start)
 }
@@ -335,13 +468,16 @@ func (s *Server) windowLocked(since time.Duration) *demov1.Window {
 	return s.windows[i]
 }
 
-// advanceLocked moves the overload model's capacity window up to now: each
-// window that closed within capacity extends the calm, and enough calm ends
-// an overload.
+// advanceLocked moves the sticky model's capacity window up to now: each
+// window that closed within its capacity (the one in force at its start)
+// extends the calm, and enough calm ends an overload.
 func (s *Server) advanceLocked(now time.Time) {
 	f, o := s.faults, &s.overload
+	if o.windowStart.IsZero() {
+		return // the clock has not started
+	}
 	for now.Sub(o.windowStart) >= f.CapacityWindow {
-		if o.inWindow > f.Capacity {
+		if c, limited := f.capacityAt(o.windowStart.Sub(s.start)); limited && o.inWindow > c {
 			o.calmSince = time.Time{}
 		} else if o.calmSince.IsZero() {
 			o.calmSince = o.windowStart
@@ -357,17 +493,17 @@ func (s *Server) advanceLocked(now time.Time) {
 }
 
 // overloadedLocked counts an arrival against capacity and reports whether
-// the server is overloaded for it: once a window takes more than capacity,
-// every attempt fails until arrivals have stayed within capacity for
-// RecoverAfter. Retries that keep coming keep it down.
+// the sticky model is overloaded for it: once a window takes more than its
+// capacity, every attempt fails until arrivals have stayed within capacity
+// for RecoverAfter. Retries that keep coming keep it down.
 func (s *Server) overloadedLocked(now time.Time) bool {
 	f, o := s.faults, &s.overload
-	if f.Capacity <= 0 {
+	if !f.limited() {
 		return false
 	}
 	s.advanceLocked(now)
 	o.inWindow++
-	if o.inWindow > f.Capacity && !o.overloaded {
+	if c, limited := f.capacityAt(o.windowStart.Sub(s.start)); limited && o.inWindow > c && !o.overloaded {
 		o.overloaded, o.since, o.recoveredAt = true, now, -1
 		o.calmSince = time.Time{}
 	}
@@ -446,12 +582,13 @@ func (s *Server) UploadReceipts(stream grpc.ClientStreamingServer[demov1.UploadR
 	}
 }
 
-// GetStats returns the counts since the last reset.
+// GetStats returns the counts since the last reset, times since the clock
+// started (at the first counted arrival).
 func (s *Server) GetStats(context.Context, *demov1.GetStatsRequest) (*demov1.GetStatsResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	if s.faults.Capacity > 0 {
+	if s.faults.Model == ModelSticky && s.faults.limited() {
 		s.advanceLocked(now)
 	}
 	resp := &demov1.GetStatsResponse{
@@ -476,15 +613,15 @@ func (s *Server) GetStats(context.Context, *demov1.GetStatsRequest) (*demov1.Get
 		resp.RecoveredMs = -1
 	}
 	for _, w := range s.windows {
-		resp.Windows = append(resp.Windows, &demov1.Window{FirstAttempts: w.FirstAttempts, Retries: w.Retries, Failed: w.Failed})
+		resp.Windows = append(resp.Windows, &demov1.Window{FirstAttempts: w.FirstAttempts, Retries: w.Retries, Failed: w.Failed, Succeeded: w.Succeeded})
 		resp.PeakRetries = max(resp.PeakRetries, w.Retries)
 		resp.PeakAttempts = max(resp.PeakAttempts, w.FirstAttempts+w.Retries)
 	}
 	return resp, nil
 }
 
-// ResetStats clears the counts, restarts the fault clocks and, if given,
-// replaces the faults.
+// ResetStats clears the counts, stops the fault clocks until the next
+// counted arrival and, if given, replaces the faults.
 func (s *Server) ResetStats(_ context.Context, req *demov1.ResetStatsRequest) (*demov1.ResetStatsResponse, error) {
 	f := s.Faults()
 	if req.GetFaults() != nil {

@@ -92,6 +92,7 @@ func TestServerTellsRetriesOfEveryClient(t *testing.T) {
 
 func TestServerSlidingPeakCountsAStraddlingWave(t *testing.T) {
 	s, clk := newTestServer(t, Faults{Window: 100 * time.Millisecond})
+	s.arrive(context.Background()) // at 0: the first arrival starts the clock
 	clk.add(70 * time.Millisecond)
 	for range 3 {
 		s.arrive(retryCtx("2")) // at 70 ms: window 0
@@ -114,18 +115,18 @@ func TestServerSlidingPeakCountsAStraddlingWave(t *testing.T) {
 
 func TestServerOutageAndFailRate(t *testing.T) {
 	s, clk := newTestServer(t, Faults{Outage: time.Second})
-	if _, err := s.arrive(context.Background()); status.Code(err) != codes.Unavailable {
+	if _, _, err := s.arrive(context.Background()); status.Code(err) != codes.Unavailable {
 		t.Errorf("during the outage: %v, want Unavailable", err)
 	}
 	clk.add(time.Second)
-	if _, err := s.arrive(context.Background()); err != nil {
+	if _, _, err := s.arrive(context.Background()); err != nil {
 		t.Errorf("after the outage: %v", err)
 	}
 
 	s, _ = newTestServer(t, Faults{FailRate: 0.3, Seed: 7})
 	failed := 0
 	for range 10000 {
-		if _, err := s.arrive(context.Background()); err != nil {
+		if _, _, err := s.arrive(context.Background()); err != nil {
 			failed++
 		}
 	}
@@ -136,7 +137,7 @@ func TestServerOutageAndFailRate(t *testing.T) {
 	s2, _ := newTestServer(t, Faults{FailRate: 0.3, Seed: 7})
 	again := 0
 	for range 10000 {
-		if _, err := s2.arrive(context.Background()); err != nil {
+		if _, _, err := s2.arrive(context.Background()); err != nil {
 			again++
 		}
 	}
@@ -150,7 +151,7 @@ func TestServerOverloadRecoversOnlyAfterCalm(t *testing.T) {
 	s, clk := newTestServer(t, Faults{Capacity: 3, CapacityWindow: w, RecoverAfter: 3 * w, Window: w})
 	arrive := func(n int) (failed int) {
 		for range n {
-			if _, err := s.arrive(context.Background()); err != nil {
+			if _, _, err := s.arrive(context.Background()); err != nil {
 				failed++
 			}
 		}

@@ -366,7 +366,11 @@ type Window struct {
 	// retries arrived with a herdguard-attempt number of 2 or more.
 	Retries int64 `protobuf:"varint,2,opt,name=retries,proto3" json:"retries,omitempty"`
 	// failed is how many of the window's attempts the server failed.
-	Failed        int64 `protobuf:"varint,3,opt,name=failed,proto3" json:"failed,omitempty"`
+	Failed int64 `protobuf:"varint,3,opt,name=failed,proto3" json:"failed,omitempty"`
+	// succeeded is how many of the window's attempts succeeded, counted by
+	// arrival time like the rest (under the gentle model an attempt may
+	// succeed up to queue_limit_us later).
+	Succeeded     int64 `protobuf:"varint,4,opt,name=succeeded,proto3" json:"succeeded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -422,11 +426,19 @@ func (x *Window) GetFailed() int64 {
 	return 0
 }
 
+func (x *Window) GetSucceeded() int64 {
+	if x != nil {
+		return x.Succeeded
+	}
+	return 0
+}
+
 type GetStatsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// window_ms is the width of each window.
 	WindowMs int64 `protobuf:"varint,1,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
-	// windows is the series of windows since the last reset, in order.
+	// windows is the series of windows since the clock started (at the first
+	// counted arrival after the last reset), in order.
 	Windows       []*Window `protobuf:"bytes,2,rep,name=windows,proto3" json:"windows,omitempty"`
 	Attempts      int64     `protobuf:"varint,3,opt,name=attempts,proto3" json:"attempts,omitempty"`
 	FirstAttempts int64     `protobuf:"varint,4,opt,name=first_attempts,json=firstAttempts,proto3" json:"first_attempts,omitempty"`
@@ -440,10 +452,11 @@ type GetStatsResponse struct {
 	PeakAttempts int64 `protobuf:"varint,9,opt,name=peak_attempts,json=peakAttempts,proto3" json:"peak_attempts,omitempty"`
 	// duplicates_refused counts charges whose key was already charged.
 	DuplicatesRefused int64 `protobuf:"varint,10,opt,name=duplicates_refused,json=duplicatesRefused,proto3" json:"duplicates_refused,omitempty"`
-	// last_success_ms is when the last success arrived, after the reset.
+	// last_success_ms is when the last success arrived, after the clock
+	// started (at the first counted arrival after the reset).
 	LastSuccessMs int64 `protobuf:"varint,11,opt,name=last_success_ms,json=lastSuccessMs,proto3" json:"last_success_ms,omitempty"`
 	// recovered_ms is when the overload model last recovered, after the
-	// reset; -1 when it is still overloaded or never was.
+	// clock started; -1 when it is still overloaded or never was.
 	RecoveredMs int64 `protobuf:"varint,12,opt,name=recovered_ms,json=recoveredMs,proto3" json:"recovered_ms,omitempty"`
 	// overloaded_ms is how long the overload model spent overloaded.
 	OverloadedMs int64 `protobuf:"varint,13,opt,name=overloaded_ms,json=overloadedMs,proto3" json:"overloaded_ms,omitempty"`
@@ -662,7 +675,9 @@ type Faults struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// fail_rate fails each attempt with Unavailable with this probability.
 	FailRate float64 `protobuf:"fixed64,1,opt,name=fail_rate,json=failRate,proto3" json:"fail_rate,omitempty"`
-	// outage_ms fails every attempt for this long after the reset.
+	// outage_ms fails every attempt for this long after the clock starts.
+	// The fault models' clock (windows, outage, trigger) starts at the first
+	// counted arrival after a reset, not at the reset itself.
 	OutageMs int64 `protobuf:"varint,2,opt,name=outage_ms,json=outageMs,proto3" json:"outage_ms,omitempty"`
 	// capacity, if above 0, is how many attempts the server accepts per
 	// capacity_window_ms. More overload it: it then fails every attempt until
@@ -685,8 +700,28 @@ type Faults struct {
 	// probability (a slow replica, a pause).
 	SlowRate      float64 `protobuf:"fixed64,11,opt,name=slow_rate,json=slowRate,proto3" json:"slow_rate,omitempty"`
 	SlowLatencyMs int64   `protobuf:"varint,12,opt,name=slow_latency_ms,json=slowLatencyMs,proto3" json:"slow_latency_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// model is the overload model when capacity limits the server: "sticky"
+	// (the default; "" means it) fails every attempt once a capacity window
+	// takes more than capacity, until arrivals have stayed within capacity for
+	// recover_after_ms; "gentle" serves attempts in arrival order at capacity
+	// per capacity window through a queue and fails at once an attempt that
+	// would wait longer than queue_limit_us.
+	Model string `protobuf:"bytes,13,opt,name=model,proto3" json:"model,omitempty"`
+	// queue_limit_us is the longest wait in the gentle model's queue; 0 means
+	// ten capacity windows. The durations below travel in microseconds, so a
+	// scaled-down run keeps them exact.
+	QueueLimitUs int64 `protobuf:"varint,14,opt,name=queue_limit_us,json=queueLimitUs,proto3" json:"queue_limit_us,omitempty"`
+	// From trigger_at_us after the clock starts, for trigger_for_us, the
+	// capacity per window is trigger_capacity instead of capacity, or, with
+	// trigger_outage, every attempt fails (the sticky model takes an outage
+	// as capacity 0, so it still needs recover_after_ms of calm once the
+	// trigger ends). trigger_for_us 0: no trigger.
+	TriggerAtUs     int64 `protobuf:"varint,15,opt,name=trigger_at_us,json=triggerAtUs,proto3" json:"trigger_at_us,omitempty"`
+	TriggerForUs    int64 `protobuf:"varint,16,opt,name=trigger_for_us,json=triggerForUs,proto3" json:"trigger_for_us,omitempty"`
+	TriggerCapacity int64 `protobuf:"varint,17,opt,name=trigger_capacity,json=triggerCapacity,proto3" json:"trigger_capacity,omitempty"`
+	TriggerOutage   bool  `protobuf:"varint,18,opt,name=trigger_outage,json=triggerOutage,proto3" json:"trigger_outage,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Faults) Reset() {
@@ -803,6 +838,48 @@ func (x *Faults) GetSlowLatencyMs() int64 {
 	return 0
 }
 
+func (x *Faults) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *Faults) GetQueueLimitUs() int64 {
+	if x != nil {
+		return x.QueueLimitUs
+	}
+	return 0
+}
+
+func (x *Faults) GetTriggerAtUs() int64 {
+	if x != nil {
+		return x.TriggerAtUs
+	}
+	return 0
+}
+
+func (x *Faults) GetTriggerForUs() int64 {
+	if x != nil {
+		return x.TriggerForUs
+	}
+	return 0
+}
+
+func (x *Faults) GetTriggerCapacity() int64 {
+	if x != nil {
+		return x.TriggerCapacity
+	}
+	return 0
+}
+
+func (x *Faults) GetTriggerOutage() bool {
+	if x != nil {
+		return x.TriggerOutage
+	}
+	return false
+}
+
 type ResetStatsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -860,11 +937,12 @@ const file_herdguard_demo_v1_gateway_proto_rawDesc = "" +
 	"\x16UploadReceiptsResponse\x12\x1a\n" +
 	"\breceipts\x18\x01 \x01(\x05R\breceipts\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"\x11\n" +
-	"\x0fGetStatsRequest\"a\n" +
+	"\x0fGetStatsRequest\"\x7f\n" +
 	"\x06Window\x12%\n" +
 	"\x0efirst_attempts\x18\x01 \x01(\x03R\rfirstAttempts\x12\x18\n" +
 	"\aretries\x18\x02 \x01(\x03R\aretries\x12\x16\n" +
-	"\x06failed\x18\x03 \x01(\x03R\x06failed\"\x8d\x05\n" +
+	"\x06failed\x18\x03 \x01(\x03R\x06failed\x12\x1c\n" +
+	"\tsucceeded\x18\x04 \x01(\x03R\tsucceeded\"\x8d\x05\n" +
 	"\x10GetStatsResponse\x12\x1b\n" +
 	"\twindow_ms\x18\x01 \x01(\x03R\bwindowMs\x123\n" +
 	"\awindows\x18\x02 \x03(\v2\x19.herdguard.demo.v1.WindowR\awindows\x12\x1a\n" +
@@ -887,7 +965,7 @@ const file_herdguard_demo_v1_gateway_proto_rawDesc = "" +
 	"\x14peak_retries_sliding\x18\x10 \x01(\x03R\x12peakRetriesSliding\x122\n" +
 	"\x15peak_attempts_sliding\x18\x11 \x01(\x03R\x13peakAttemptsSliding\"F\n" +
 	"\x11ResetStatsRequest\x121\n" +
-	"\x06faults\x18\x01 \x01(\v2\x19.herdguard.demo.v1.FaultsR\x06faults\"\x9f\x03\n" +
+	"\x06faults\x18\x01 \x01(\v2\x19.herdguard.demo.v1.FaultsR\x06faults\"\xf7\x04\n" +
 	"\x06Faults\x12\x1b\n" +
 	"\tfail_rate\x18\x01 \x01(\x01R\bfailRate\x12\x1b\n" +
 	"\toutage_ms\x18\x02 \x01(\x03R\boutageMs\x12\x1a\n" +
@@ -902,7 +980,13 @@ const file_herdguard_demo_v1_gateway_proto_rawDesc = "" +
 	"\x11latency_spread_us\x18\n" +
 	" \x01(\x03R\x0flatencySpreadUs\x12\x1b\n" +
 	"\tslow_rate\x18\v \x01(\x01R\bslowRate\x12&\n" +
-	"\x0fslow_latency_ms\x18\f \x01(\x03R\rslowLatencyMs\"\x14\n" +
+	"\x0fslow_latency_ms\x18\f \x01(\x03R\rslowLatencyMs\x12\x14\n" +
+	"\x05model\x18\r \x01(\tR\x05model\x12$\n" +
+	"\x0equeue_limit_us\x18\x0e \x01(\x03R\fqueueLimitUs\x12\"\n" +
+	"\rtrigger_at_us\x18\x0f \x01(\x03R\vtriggerAtUs\x12$\n" +
+	"\x0etrigger_for_us\x18\x10 \x01(\x03R\ftriggerForUs\x12)\n" +
+	"\x10trigger_capacity\x18\x11 \x01(\x03R\x0ftriggerCapacity\x12%\n" +
+	"\x0etrigger_outage\x18\x12 \x01(\bR\rtriggerOutage\"\x14\n" +
 	"\x12ResetStatsResponse2\xe7\x03\n" +
 	"\x0eGatewayService\x12M\n" +
 	"\x06Charge\x12 .herdguard.demo.v1.ChargeRequest\x1a!.herdguard.demo.v1.ChargeResponse\x12c\n" +
