@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/sony/gobreaker/v2"
 	"google.golang.org/grpc/codes"
@@ -116,6 +117,13 @@ type Breaker struct {
 	// is still zero.
 	failuresBegun, failuresDone, quietAt atomic.Uint64
 
+	// openFor is the current open period in nanoseconds, from OpenTimeout,
+	// doubled by each failed probe up to maxOpen; openUntil is when the
+	// current open period ends (Unix nanoseconds) when it is longer than
+	// gobreaker's fixed OpenTimeout, else 0.
+	openFor, openUntil atomic.Int64
+	baseOpen, maxOpen  time.Duration
+
 	// view and member link the breaker to its fleet's shared breaker, when
 	// Settings.Fleet is set (see [Fleet]); nil otherwise.
 	view   *FleetView
@@ -139,8 +147,10 @@ func New(scope string, s Settings) (*Breaker, error) {
 
 // newBreaker builds a breaker from validated settings with defaults filled.
 func newBreaker(scope string, s Settings) *Breaker {
-	b := &Breaker{scope: scope, fast: s.FailureRatio == 0}
+	b := &Breaker{scope: scope, fast: s.FailureRatio == 0, baseOpen: s.OpenTimeout, maxOpen: s.MaxOpenTimeout}
+	b.openFor.Store(int64(s.OpenTimeout))
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreakerSettings(scope, s, func(to State) {
+		b.grow(State(b.state.Load()), to)
 		b.state.Store(int32(to))
 		b.gen.Add(1)
 	}))
@@ -181,12 +191,40 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 	}
 }
 
+// grow sets the open period on a transition: a probe that failed (half-open
+// to open) doubles it, up to maxOpen; closing resets it. gobreaker keeps its
+// fixed OpenTimeout, and admit refuses calls until openUntil.
+func (b *Breaker) grow(from, to State) {
+	switch {
+	case to == Closed:
+		b.openFor.Store(int64(b.baseOpen))
+		b.openUntil.Store(0)
+	case to == Open && from == HalfOpen:
+		d := min(2*time.Duration(b.openFor.Load()), b.maxOpen)
+		b.openFor.Store(int64(d))
+		b.openUntil.Store(time.Now().Add(d).UnixNano())
+	case to == Open:
+		b.openUntil.Store(0)
+	}
+}
+
+// heldOpen reports whether a grown open period still runs past gobreaker's.
+func (b *Breaker) heldOpen() bool {
+	u := b.openUntil.Load()
+	return u != 0 && time.Now().UnixNano() < u
+}
+
 // Scope returns the breaker's scope name.
 func (b *Breaker) Scope() string { return b.scope }
 
 // State returns the breaker's state now, moving an open breaker whose
-// OpenTimeout has passed to half-open.
-func (b *Breaker) State() State { return fromGobreaker(b.cb.State()) }
+// open period has passed to half-open.
+func (b *Breaker) State() State {
+	if State(b.state.Load()) == Open && b.heldOpen() {
+		return Open
+	}
+	return fromGobreaker(b.cb.State())
+}
 
 // LastState returns the state as of the breaker's last transition, without
 // taking its lock. An open breaker whose OpenTimeout has passed reads as
@@ -218,6 +256,9 @@ func (b *Breaker) quiet() bool {
 // admit asks gobreaker to let a call through. It returns gobreaker's done
 // and whether the call is a probe, or the refusal as an [*OpenError].
 func (b *Breaker) admit() (done func(error), probe bool, err error) {
+	if State(b.state.Load()) == Open && b.heldOpen() {
+		return nil, false, &OpenError{Scope: b.scope, State: Open}
+	}
 	done, err = b.cb.Allow()
 	switch {
 	case errors.Is(err, gobreaker.ErrOpenState):

@@ -142,6 +142,37 @@ func TestFailedProbeReopens(t *testing.T) {
 	})
 }
 
+// Each failed probe doubles the open period, up to MaxOpenTimeout; a probe
+// that succeeds closes the breaker and the next trip starts short again.
+func TestOpenPeriodGrows(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Second, MaxOpenTimeout: 3 * time.Second})
+		run(t, b, herdguard.Failure)
+		for i, open := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second} {
+			time.Sleep(open - time.Nanosecond)
+			if ran, _, _ := run(t, b, herdguard.Success); ran {
+				t.Fatalf("trip %d: a call ran before the open period of %v ended", i, open)
+			}
+			if got := b.State(); got != breaker.Open {
+				t.Fatalf("trip %d: state %v before the period ended, want open", i, got)
+			}
+			time.Sleep(2 * time.Nanosecond)
+			if ran, probe, _ := run(t, b, herdguard.Failure); !ran || !probe {
+				t.Fatalf("trip %d: ran=%v probe=%v after %v, want a probe", i, ran, probe, open)
+			}
+		}
+		time.Sleep(3 * time.Second)
+		if ran, probe, _ := run(t, b, herdguard.Success); !ran || !probe {
+			t.Fatalf("ran=%v probe=%v, want a probe that closes", ran, probe)
+		}
+		run(t, b, herdguard.Failure) // trips again: back to a short period
+		time.Sleep(time.Second + time.Nanosecond)
+		if ran, probe, _ := run(t, b, herdguard.Success); !ran || !probe {
+			t.Fatalf("after closing, the open period did not start again from OpenTimeout: ran=%v probe=%v", ran, probe)
+		}
+	})
+}
+
 func TestHalfOpenLimitsProbes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Second, HalfOpenMaxRequests: 2})
@@ -228,6 +259,8 @@ func TestSettingsValidate(t *testing.T) {
 		{breaker.Settings{Window: -time.Second}, "Window", "-1s"},
 		{breaker.Settings{Window: 5}, "Window", "5ns"},
 		{breaker.Settings{OpenTimeout: -time.Second}, "OpenTimeout", "-1s"},
+		{breaker.Settings{MaxOpenTimeout: -time.Second}, "MaxOpenTimeout", "-1s"},
+		{breaker.Settings{OpenTimeout: 2 * time.Second, MaxOpenTimeout: time.Second}, "MaxOpenTimeout", "below OpenTimeout (2s)"},
 		{breaker.Settings{Scope: 3}, "Scope", "3"},
 	}
 	for _, tt := range tests {
@@ -247,7 +280,7 @@ func TestSettingsValidate(t *testing.T) {
 	}
 	d := breaker.Settings{}.WithDefaults()
 	if d.ConsecutiveFailures != 5 || d.MinRequests != 10 || d.Window != 10*time.Second ||
-		d.OpenTimeout != 5*time.Second || d.HalfOpenMaxRequests != 1 || d.Scope != breaker.PerTarget {
+		d.OpenTimeout != 500*time.Millisecond || d.MaxOpenTimeout != 10*time.Second || d.HalfOpenMaxRequests != 1 || d.Scope != breaker.PerTarget {
 		t.Errorf("defaults = %+v", d)
 	}
 }

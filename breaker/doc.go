@@ -17,7 +17,10 @@
 // carries codes.Unavailable. After OpenTimeout it is half-open: at most
 // HalfOpenMaxRequests probe calls go through, each told it is a probe (the
 // interceptor makes a probe a single attempt). If they all succeed it closes;
-// a failed probe opens it again.
+// a failed probe opens it again, for twice as long as the last time, up to
+// MaxOpenTimeout (Envoy's outlier ejection grows its ejection time the same
+// way): a blip costs a short refusal, a server that stays down is asked
+// less and less often. Closing resets the period to OpenTimeout.
 //
 // # Defaults
 //
@@ -25,7 +28,8 @@
 //	FailureRatio         0 (off)
 //	MinRequests          10 (with FailureRatio)
 //	Window               10s, rolled in 10 buckets
-//	OpenTimeout          5s
+//	OpenTimeout          500ms, doubled by each failed probe
+//	MaxOpenTimeout       10s
 //	HalfOpenMaxRequests  1
 //	Scope                PerTarget
 //

@@ -35,7 +35,9 @@ func TestFastPathMatchesGobreaker(t *testing.T) {
 		for seed := range uint64(8) {
 			t.Run(fmt.Sprintf("%+v/seed=%d", s, seed), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
+					// gobreaker's open period is fixed: so is this one.
 					s := s.WithDefaults()
+					s.MaxOpenTimeout = s.OpenTimeout
 					b := newBreaker("x", s)
 					refState := Closed
 					ref := gobreaker.NewCircuitBreaker[struct{}](gobreakerSettings("x", s, func(to State) { refState = to }))

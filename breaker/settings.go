@@ -14,7 +14,8 @@ const (
 	DefaultConsecutiveFailures = 5
 	DefaultMinRequests         = 10
 	DefaultWindow              = 10 * time.Second
-	DefaultOpenTimeout         = 5 * time.Second
+	DefaultOpenTimeout         = 500 * time.Millisecond
+	DefaultMaxOpenTimeout      = 10 * time.Second
 	DefaultHalfOpenMaxRequests = 1
 )
 
@@ -70,9 +71,15 @@ type Settings struct {
 	// Window is the rolling period the counts cover (gobreaker's Interval,
 	// split into 10 buckets of BucketPeriod). 0 means DefaultWindow (10s).
 	Window time.Duration
-	// OpenTimeout is how long the breaker stays open before letting probes
-	// through. 0 means DefaultOpenTimeout (5s).
-	OpenTimeout time.Duration
+	// OpenTimeout is how long the breaker stays open, the first time, before
+	// letting probes through. Each failed probe doubles the next open
+	// period, up to MaxOpenTimeout, and closing resets it, as Envoy's
+	// outlier ejection grows its ejection time: a blip costs little, a
+	// server that stays down is asked less and less often. 0 means
+	// DefaultOpenTimeout (500ms) and DefaultMaxOpenTimeout (10s); set both
+	// to the same value for a fixed period.
+	OpenTimeout    time.Duration
+	MaxOpenTimeout time.Duration
 	// HalfOpenMaxRequests is how many probes a half-open breaker lets
 	// through; that many successes close it. 0 means 1.
 	HalfOpenMaxRequests uint32
@@ -122,6 +129,10 @@ func (s Settings) Validate() error {
 		return fmt.Errorf("breaker: Window = %v: must be at least %dns to split into buckets", s.Window, windowBuckets)
 	case s.OpenTimeout < 0:
 		return fmt.Errorf("breaker: OpenTimeout = %v: must not be negative", s.OpenTimeout)
+	case s.MaxOpenTimeout < 0:
+		return fmt.Errorf("breaker: MaxOpenTimeout = %v: must not be negative", s.MaxOpenTimeout)
+	case s.MaxOpenTimeout > 0 && s.MaxOpenTimeout < s.OpenTimeout:
+		return fmt.Errorf("breaker: MaxOpenTimeout = %v: must not be below OpenTimeout (%v)", s.MaxOpenTimeout, s.OpenTimeout)
 	case s.Scope != PerTarget && s.Scope != PerMethod:
 		return fmt.Errorf("breaker: Scope = %d: must be PerTarget or PerMethod", int(s.Scope))
 	}
@@ -141,6 +152,9 @@ func (s Settings) WithDefaults() Settings {
 	}
 	if s.OpenTimeout == 0 {
 		s.OpenTimeout = DefaultOpenTimeout
+	}
+	if s.MaxOpenTimeout == 0 {
+		s.MaxOpenTimeout = max(DefaultMaxOpenTimeout, s.OpenTimeout)
 	}
 	if s.HalfOpenMaxRequests == 0 {
 		s.HalfOpenMaxRequests = DefaultHalfOpenMaxRequests
