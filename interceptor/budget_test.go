@@ -82,7 +82,9 @@ func TestBudgetUnderConcurrency(t *testing.T) {
 		return &testgrpc.SimpleResponse{}, nil
 	}})
 	rec, mp := newMetrics()
-	ic, err := New(withClock(newFakeClock()), WithoutBreaker(), WithMeterProvider(mp),
+	// The budget alone: half the attempts fail, which the overload
+	// controller would pace.
+	ic, err := New(withClock(newFakeClock()), WithoutBreaker(), WithoutOverloadControl(), WithMeterProvider(mp),
 		WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: ms}),
 		WithRetryBudget(policy.Budget{Ratio: 0.1, MinPerSecond: 1, Window: time.Minute})) // 100 + 60
 	if err != nil {

@@ -44,7 +44,8 @@ func alwaysUnavailable(testgrpc.TestService_FullDuplexCallServer) error {
 // ended, with an attempt that never opened, and panic on it.
 func TestConcurrentMethodsWhenTheRetryCannotOpen(t *testing.T) {
 	srv := testserver.Start(t, &testserver.Server{Bidi: alwaysUnavailable})
-	ic, err := New(withClock(newFakeClock()), withRand(fixedRand(0.5)), WithoutBreaker(),
+	// Every attempt fails: the overload controller would pace them.
+	ic, err := New(withClock(newFakeClock()), withRand(fixedRand(0.5)), WithoutBreaker(), WithoutOverloadControl(),
 		WithPolicy(policy.Policy{MaxAttempts: 2}))
 	if err != nil {
 		t.Fatal(err)

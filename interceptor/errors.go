@@ -48,6 +48,10 @@ const (
 	// for a stream, the caller had a message, called Context, or the replay
 	// buffer overflowed.
 	OutcomeFailedAfterCommit Outcome = "failed_after_commit"
+	// OutcomeShed: the overload controller shed an attempt without sending
+	// it: the server is overloaded and the call's deadline could not be met
+	// at the rate it takes (see package overload).
+	OutcomeShed Outcome = "shed"
 	// OutcomeInvalidCallOption: a call option held an invalid value;
 	// nothing was sent.
 	OutcomeInvalidCallOption Outcome = "invalid_call_option"
@@ -67,8 +71,10 @@ const (
 type RetryError struct {
 	// Attempts is how many attempts were sent, the first included.
 	Attempts int
-	// Outcome is OutcomeExhausted, OutcomeDeadline, OutcomePushbackStop or
-	// OutcomeBudgetExhausted.
+	// Outcome is OutcomeExhausted, OutcomeDeadline, OutcomePushbackStop,
+	// OutcomeBudgetExhausted or OutcomeShed (Attempts is then how many were
+	// sent before the shed one: 0 for a first attempt, whose Err is an
+	// Unavailable status saying so).
 	Outcome Outcome
 	// Err is the last attempt's error.
 	Err error
@@ -84,6 +90,8 @@ func (e *RetryError) Error() string {
 		why = "stopped retrying: the server's pushback said not to retry"
 	case OutcomeBudgetExhausted:
 		why = "stopped retrying: the retry budget is spent"
+	case OutcomeShed:
+		why = "shed: the server is overloaded and the deadline cannot be met"
 	default:
 		why = "gave up"
 	}

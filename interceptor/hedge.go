@@ -18,6 +18,7 @@ import (
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/budget"
 	"github.com/herdguard/herdguard/latency"
+	"github.com/herdguard/herdguard/overload"
 )
 
 // hedgeCall is one hedged unary call (gRFC A6's hedging policy). Its first
@@ -234,6 +235,9 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 	won := h.winner == a && err == nil
 	h.mu.Unlock()
 	a.cancel()
+	if c.ctl != nil {
+		c.ctl.Done(loadOutcome(err))
+	}
 
 	if err == nil && h.window != nil {
 		h.window.Record(elapsed) // an attempt cancelled as a loser ends with an error
@@ -426,11 +430,12 @@ func hedgeable(reply any) bool {
 type hedgeRules struct {
 	max      int
 	delay    time.Duration
-	window   *latency.Window  // nil: a fixed delay
-	hedges   *budget.Ratio    // the target's hedge budget, earned by successes
-	ratio    *budget.Ratio    // nil: no WithRetryBudget
-	throttle *budget.Throttle // nil: no throttling
-	breaker  *breaker.Breaker // nil: none
+	window   *latency.Window      // nil: a fixed delay
+	hedges   *budget.Ratio        // the target's hedge budget, earned by successes
+	ratio    *budget.Ratio        // nil: no WithRetryBudget
+	throttle *budget.Throttle     // nil: no throttling
+	breaker  *breaker.Breaker     // nil: none
+	ctl      *overload.Controller // nil: no overload control
 }
 
 // hedgeRulesFor returns the rules of a call to target's method under p, of
@@ -438,7 +443,7 @@ type hedgeRules struct {
 // the retry budget, if on. The delay is the quantile of the method's
 // recent latencies, if p asks for one, never below p's Delay.
 func (ic *Interceptor) hedgeRulesFor(p *resolved, method, target string, lim *limits, b *breaker.Breaker, max int) hedgeRules {
-	r := hedgeRules{max: max, window: ic.window(p, method), hedges: ic.hedgeBudget(target), breaker: b}
+	r := hedgeRules{max: max, window: ic.window(p, method), hedges: ic.hedgeBudget(target), breaker: b, ctl: ic.controllerFor(target)}
 	if lim != nil {
 		r.ratio, r.throttle = lim.ratio, lim.throttle
 	}
@@ -455,7 +460,8 @@ func (ic *Interceptor) hedgeRulesFor(p *resolved, method, target string, lim *li
 }
 
 // refusal returns what refuses the next hedge now ("breaker": the server
-// shows failures; "throttling", "hedge_budget" or "ratio"), or "" if it
+// shows failures; "overload": the overload controller is pacing the
+// target; "throttling", "hedge_budget" or "ratio"), or "" if it
 // may go, and is then counted in the budgets. The hedge budget is only
 // peeked at before the retry budget is asked, so that a hedge the retry
 // budget refuses costs none of it.
@@ -463,6 +469,8 @@ func (r *hedgeRules) refusal() string {
 	switch {
 	case r.breaker != nil && !r.breaker.Calm():
 		return "breaker"
+	case r.ctl != nil && r.ctl.Pacing():
+		return "overload"
 	case r.throttle != nil && !r.throttle.Allowed():
 		return "throttling"
 	case !r.hedges.Allowed():

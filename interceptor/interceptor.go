@@ -3,6 +3,7 @@ package interceptor
 import (
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -12,6 +13,7 @@ import (
 	"github.com/herdguard/herdguard/budget"
 	"github.com/herdguard/herdguard/internal/cow"
 	"github.com/herdguard/herdguard/latency"
+	"github.com/herdguard/herdguard/overload"
 	"github.com/herdguard/herdguard/policy"
 )
 
@@ -36,6 +38,10 @@ type Interceptor struct {
 	throttling *policy.Throttling // nil: off
 	budget     *policy.Budget     // nil: off
 	limits     cow.Map[string, *limits]
+	// overload is the overload controllers' settings (nil: off), and
+	// controllers holds each target's.
+	overload    *overload.Settings
+	controllers cow.Map[string, *overload.Controller]
 
 	idempotencyKey string
 	idempotentOnly bool
@@ -149,6 +155,15 @@ func New(opts ...Option) (*Interceptor, error) {
 		idempotencyKey: c.idempotencyKey,
 		idempotentOnly: c.idempotentOnly,
 	}
+	if c.overload != nil {
+		s := *c.overload
+		if s.Now == nil { // the interceptor's clock, so tests can drive it
+			cl := c.clock
+			s.Now = cl.Now
+			s.AfterFunc = func(d time.Duration, f func()) func() bool { return cl.AfterFunc(d, f).Stop }
+		}
+		ic.overload = &s
+	}
 	ic.tracing.init(c.tp)
 	ic.buffers.New = func() any { return new(attemptBuffer) }
 	ic.hedgeCalls.New = newHedgeCall
@@ -181,7 +196,7 @@ func New(opts ...Option) (*Interceptor, error) {
 		ic.breakers = g
 		ic.classify = settings.Verdict
 	}
-	ic.metering.init(c.mp, ic.breakers)
+	ic.metering.init(c.mp, ic.breakers, &ic.controllers)
 	return ic, nil
 }
 

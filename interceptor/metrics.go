@@ -12,6 +12,7 @@ import (
 
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/cow"
+	"github.com/herdguard/herdguard/overload"
 )
 
 // Names of herdguard's metric instruments.
@@ -23,9 +24,15 @@ const (
 	MetricBreakerTransitions = "herdguard.client.breaker.transitions"
 	MetricBudgetRefusals     = "herdguard.client.budget.refusals"
 	MetricHedges             = "herdguard.client.hedges"
+	MetricOverloadHeld       = "herdguard.client.overload.held"
+	MetricOverloadRate       = "herdguard.client.overload.rate"
+	MetricOverloadWaiting    = "herdguard.client.overload.waiting"
+	MetricOverloadDelayed    = "herdguard.client.overload.delayed"
+	MetricOverloadShed       = "herdguard.client.overload.shed"
 
 	AttrRetry      = attribute.Key("herdguard.retry")
 	AttrBudgetKind = attribute.Key("herdguard.budget")
+	AttrTarget     = attribute.Key("herdguard.target")
 )
 
 // metering holds the instruments, made once in New from the meter provider
@@ -41,6 +48,7 @@ type metering struct {
 	transitions metric.Int64Counter
 	refusals    metric.Int64Counter
 	hedges      metric.Int64Counter
+	heldFor     metric.Float64Histogram
 
 	// measurement options per attribute combination, made once each
 	attemptOpts cow.Map[attemptKey, metric.MeasurementOption]
@@ -65,7 +73,7 @@ type callKey struct {
 	outcome Outcome
 }
 
-func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group) {
+func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group, controllers *cow.Map[string, *overload.Controller]) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
@@ -115,9 +123,60 @@ func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group) {
 		}, gauge)
 		report(e)
 	}
+	m.heldFor, e = meter.Float64Histogram(MetricOverloadHeld, metric.WithUnit("s"),
+		metric.WithDescription("Time attempts were held back by the overload controller, by method and whether the attempt was then shed."),
+		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+	report(e)
+	report(m.initOverload(meter, controllers))
 	if err != nil {
 		otel.Handle(err)
 	}
+}
+
+// initOverload registers the overload controllers' state: each target's
+// rate (0 while calm), its waiting line, and the attempts it delayed and
+// shed so far.
+func (m *metering) initOverload(meter metric.Meter, controllers *cow.Map[string, *overload.Controller]) error {
+	rate, err := meter.Float64ObservableGauge(MetricOverloadRate, metric.WithUnit("{attempt}/s"),
+		metric.WithDescription("The overload controller's pace per target while it paces attempts; 0 while the target is calm."))
+	if err != nil {
+		return err
+	}
+	waiting, err := meter.Int64ObservableGauge(MetricOverloadWaiting, metric.WithUnit("{attempt}"),
+		metric.WithDescription("Attempts waiting in the overload controller's line, per target."))
+	if err != nil {
+		return err
+	}
+	delayed, err := meter.Int64ObservableCounter(MetricOverloadDelayed, metric.WithUnit("{attempt}"),
+		metric.WithDescription("Attempts the overload controller held back and then sent, per target."))
+	if err != nil {
+		return err
+	}
+	shed, err := meter.Int64ObservableCounter(MetricOverloadShed, metric.WithUnit("{attempt}"),
+		metric.WithDescription("Attempts the overload controller shed without sending, per target."))
+	if err != nil {
+		return err
+	}
+	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		controllers.Range(func(target string, c *overload.Controller) {
+			st := c.State()
+			attrs := metric.WithAttributes(AttrTarget.String(target))
+			o.ObserveFloat64(rate, st.Rate, attrs)
+			o.ObserveInt64(waiting, int64(st.Waiting), attrs)
+			o.ObserveInt64(delayed, int64(st.Delayed), attrs)
+			o.ObserveInt64(shed, int64(st.Shed), attrs)
+		})
+		return nil
+	}, rate, waiting, delayed, shed)
+	return err
+}
+
+// held records the time an attempt was held back, and whether it was shed.
+func (m *metering) held(ctx context.Context, method string, seconds float64, shed bool) {
+	if m.heldFor == nil || !m.heldFor.Enabled(ctx) {
+		return
+	}
+	m.heldFor.Record(ctx, seconds, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), AttrShed.Bool(shed)))
 }
 
 // attempt counts an attempt: retry is true for every attempt after a

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/overload"
 	"github.com/herdguard/herdguard/policy"
 )
 
@@ -37,7 +38,8 @@ type config struct {
 	throttling   *policy.Throttling
 	budget       *policy.Budget
 	hedgeBudget  policy.Budget
-	err          error // the first error an option met while applying
+	overload     *overload.Settings // nil: off
+	err          error              // the first error an option met while applying
 
 	idempotencyKey string // metadata key; "" = off
 	idempotentOnly bool
@@ -49,7 +51,24 @@ func defaultConfig() config {
 		clock:        realClock{},
 		rand:         rand.Float64,
 		streamBuffer: DefaultStreamBuffer,
+		overload:     &overload.Settings{},
 	}
+}
+
+// WithOverloadControl sets the overload controller's settings (see package
+// overload). It is on by default, with the zero Settings: every attempt to
+// a target asks the target's controller first, which lets it go at once
+// while the server answers, and paces attempts (first attempts included)
+// to what the server takes once it shows overload.
+func WithOverloadControl(s overload.Settings) Option {
+	return optionFunc(func(c *config) { c.overload = &s })
+}
+
+// WithoutOverloadControl turns the overload controller off: attempts go as
+// the retry policy, the breaker and the budgets allow, however the server
+// fares.
+func WithoutOverloadControl() Option {
+	return optionFunc(func(c *config) { c.overload = nil })
 }
 
 // WithPolicy sets the policy of every call that no method policy or call
@@ -305,6 +324,11 @@ func (c *config) validate() error {
 	if !c.noBreaker {
 		if err := c.breaker.Validate(); err != nil {
 			return fmt.Errorf("interceptor: WithBreaker: %w", err)
+		}
+	}
+	if c.overload != nil {
+		if err := c.overload.Validate(); err != nil {
+			return fmt.Errorf("interceptor: WithOverloadControl: %w", err)
 		}
 	}
 	return nil

@@ -21,6 +21,7 @@ import (
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/overload"
 )
 
 // DefaultStreamBuffer is how many bytes of sent messages a stream keeps for
@@ -70,6 +71,8 @@ type retryStream struct {
 	opts     []grpc.CallOption
 	limit    int
 	probe    bool
+	// ctl is the target's overload controller (nil: off).
+	ctl *overload.Controller
 	// breaker is the stream's breaker (nil without one).
 	breaker *breaker.Breaker
 	// cancelTimeout releases the context of the policy's Timeout, if any.
@@ -130,6 +133,9 @@ type streamAttempt struct {
 	timedOut atomic.Bool
 	span     trace.Span
 	ended    bool // its span is ended and it is counted; guarded by the stream's mu
+	// notSent is why the overload controller did not let the attempt go
+	// (shed, or the context ended while it waited); it never opened.
+	notSent error
 	// clientErr is true when the attempt ended with the client's own error,
 	// not the server's: a SendMsg that gRPC or a later interceptor refused.
 	// Guarded by the stream's mu.
@@ -199,6 +205,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		s.breakerChangedLocked() // admission may have moved an open breaker to half-open
 	}
 	s.bs.method, s.bs.lim = method, ic.limitsFor(cc.Target())
+	s.ctl = ic.controllerFor(cc.Target())
 	s.bs.unsafe = ic.idempotentOnly && !ic.safeToRetry(method)
 	s.ctx = ic.withIdempotencyKey(s.ctx)
 	if p.hedged() {
@@ -252,6 +259,9 @@ func (s *retryStream) contextDone() {
 // or the error with which it ended already: it could not open, or it broke
 // during the replay.
 func (s *retryStream) startLocked() (*streamAttempt, error) {
+	if err := s.ic.admit(s.ctx, s.tracer, s.ctl, s.method, s.attempts+1); err != nil {
+		return &streamAttempt{n: s.attempts + 1, notSent: err}, err
+	}
 	s.attempts++
 	a := &streamAttempt{n: s.attempts, live: s.ctx.Err() == nil}
 	if s.hedge != nil && s.hedge.window != nil { // latency is recorded only for a latency-aware delay
@@ -344,9 +354,13 @@ func (s *retryStream) watchHeaders(a *streamAttempt) {
 // at once) and returns nil once one runs. It returns the stream's final
 // error otherwise.
 func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
+	var last error // the last attempt's error
 	for {
 		if s.finished {
 			return s.err
+		}
+		if a.notSent != nil {
+			return s.notSentLocked(a, last)
 		}
 		end := attemptEnd{n: a.n, err: err, timedOut: a.timedOut.Load(), reached: a.cs != nil, client: a.clientErr}
 		if end.timedOut {
@@ -366,6 +380,7 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 		}
 		s.endAttemptLocked(a, end.err)
 		a.release()
+		last = end.err
 		d := s.ic.decide(s.ctx, s.p, &s.bs, s.maxAttempts, end)
 		if !d.retry {
 			s.outcome = d.outcome
@@ -779,6 +794,11 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	}
 	s.finished, s.err = true, err
 	a := s.a
+	if a == nil {
+		// No attempt was sent: the overload controller shed the first, or
+		// the context ended while it waited.
+		a = &streamAttempt{ended: true, cancel: func(error) {}}
+	}
 	if s.hedge != nil {
 		s.hedgeEndLocked(a)
 	}
@@ -798,7 +818,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	s.endAttemptLocked(a, err)
 	if s.breakerDone != nil {
 		v := herdguard.Ignored
-		if !a.clientErr {
+		if !a.clientErr && s.outcome != OutcomeShed {
 			v = s.ic.verdict(s.ctx, err, s.idleDeadline || !a.live)
 		}
 		s.breakerDone(v)
@@ -845,12 +865,28 @@ func (s *retryStream) breakerChangedLocked() {
 	}
 }
 
-// endAttemptLocked ends an attempt's span and counts it, once.
+// notSentLocked ends a stream whose attempt a the overload controller did
+// not let go; last is the previous attempt's error, if any.
+func (s *retryStream) notSentLocked(a *streamAttempt, last error) error {
+	if errors.Is(a.notSent, overload.ErrShed) {
+		s.outcome = OutcomeShed
+		return shedError(a.n, last)
+	}
+	s.outcome = contextOutcome(s.ctx.Err())
+	s.idleDeadline = true
+	return a.notSent
+}
+
+// endAttemptLocked ends an attempt's span and counts it, once, and tells
+// the overload controller how it ended.
 func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 	if a.ended {
 		return
 	}
 	a.ended = true
+	if s.ctl != nil {
+		s.ctl.Done(loadOutcome(err))
+	}
 	s.ic.attemptEnded(s.ctx, s.method, a.span, a.n, err, s.hedge != nil && a.n > 1, s.hedge != nil && s.hedge.winner == a.n)
 }
 

@@ -84,6 +84,9 @@ func (s *retryStream) hedgeNextLocked() (over bool, err error, next *streamAttem
 			return false, nil, s.readyHedgeLocked()
 		}
 		a, err := s.startLocked()
+		if a.notSent != nil {
+			return true, s.notSentLocked(a, nil), nil
+		}
 		if err == nil && s.committed {
 			s.hedgeCommitLocked(a, true, false) // it answered during its replay
 			return false, nil, nil

@@ -31,12 +31,17 @@ const (
 
 	SpanAttempt = "attempt"
 	SpanBackoff = "backoff"
+	// SpanHeld is the time an attempt was held back by the overload
+	// controller before it was sent, or shed.
+	SpanHeld = "held"
 
 	AttrAttempts       = attribute.Key("herdguard.attempts")
 	AttrOutcome        = attribute.Key("herdguard.outcome")
 	AttrAttempt        = attribute.Key("herdguard.attempt")
 	AttrBackoffDelayMS = attribute.Key("herdguard.backoff.delay_ms")
 	AttrBackoffJitter  = attribute.Key("herdguard.backoff.jitter")
+	AttrHeldMS         = attribute.Key("herdguard.held.delay_ms") // how long an attempt was held back
+	AttrShed           = attribute.Key("herdguard.shed")          // the held attempt was shed, not sent
 	AttrBreakerScope   = attribute.Key("herdguard.breaker.scope")
 	AttrBreakerState   = attribute.Key("herdguard.breaker.state")
 	AttrBreakerFrom    = attribute.Key("herdguard.breaker.from")

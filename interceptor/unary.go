@@ -13,6 +13,7 @@ import (
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/overload"
 )
 
 // AttemptMetadataKey is the metadata key that carries the attempt number on
@@ -58,6 +59,7 @@ type unaryCall struct {
 	invoker grpc.UnaryInvoker
 	buf     *attemptBuffer
 	lim     *limits
+	ctl     *overload.Controller // the target's overload controller; nil: off
 	unsafe  bool
 
 	attempts int
@@ -104,7 +106,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	}
 	buf.opts = append(buf.opts, grpc.Header(&buf.header), grpc.Trailer(&buf.trailer)) // last: see attempt
 	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf,
-		lim: ic.limitsFor(cc.Target()), unsafe: unsafe}
+		lim: ic.limitsFor(cc.Target()), ctl: ic.controllerFor(cc.Target()), unsafe: unsafe}
 	maxAttempts := p.p.MaxAttempts
 	if p.hedged() {
 		maxAttempts = p.p.Hedging.MaxAttempts
@@ -129,8 +131,8 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 				maxAttempts = 1
 			}
 			err = c.call(ctx, maxAttempts)
-			if c.clientErr {
-				return herdguard.Ignored // the client's own error says nothing of the server
+			if c.clientErr || c.outcome == OutcomeShed {
+				return herdguard.Ignored // the client's own error, or its shedding, says nothing of the server
 			}
 			return ic.verdict(ctx, err, c.idle)
 		})
@@ -172,6 +174,9 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 // attempt is simply that attempt).
 func (c *unaryCall) call(ctx context.Context, maxAttempts int) error {
 	if c.hedged && maxAttempts > 1 {
+		if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, 1); err != nil {
+			return c.notSent(ctx, 1, nil, err)
+		}
 		return c.hedge(ctx, maxAttempts)
 	}
 	return c.run(ctx, maxAttempts)
@@ -211,7 +216,11 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	)
 	defer func() { c.buf.timer = bs.timer }()
 	bs.started()
+	var last error // the last attempt's error
 	for attempt := 1; ; attempt++ {
+		if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, attempt); err != nil {
+			return c.notSent(ctx, attempt, last, err)
+		}
 		c.attempts = attempt
 		actx := ctx
 		if attempt > 1 {
@@ -223,6 +232,10 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		// refused pushback, and no failure after headers, for throttling.
 		catch := attempt < maxAttempts || c.lim != nil && c.lim.throttle != nil
 		end := c.attempt(actx, attempt, catch)
+		if c.ctl != nil {
+			c.ctl.Done(loadOutcome(end.err))
+		}
+		last = end.err
 		if end.err == nil {
 			c.outcome = OutcomeOK
 			bs.succeeded()
@@ -242,6 +255,17 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 			return err
 		}
 	}
+}
+
+// notSent ends a call whose attempt n the overload controller did not let
+// go (err from admit): shed, or the context ended while it waited.
+func (c *unaryCall) notSent(ctx context.Context, n int, last, err error) error {
+	if errors.Is(err, overload.ErrShed) {
+		c.outcome = OutcomeShed
+		return shedError(n, last)
+	}
+	c.outcome, c.idle = contextOutcome(ctx.Err()), true
+	return err
 }
 
 // attempt sends attempt n. An attempt under a PerAttemptTimeout has timedOut

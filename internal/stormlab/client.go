@@ -1,6 +1,7 @@
 package stormlab
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/interceptor"
+	hgoverload "github.com/herdguard/herdguard/overload"
 	"github.com/herdguard/herdguard/policy"
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
@@ -96,10 +98,16 @@ func HedgingStrategies() []Strategy {
 
 // Strategy is herdguard's interceptor configured one way.
 type Strategy struct {
-	Name    string
-	Policy  policy.Policy
-	Breaker *breaker.Settings // nil: no breaker
-	Budget  *policy.Budget    // nil: no retry budget
+	Name   string
+	Policy policy.Policy
+	// Breaker is the circuit breaker's settings; nil makes the strategy a
+	// bare retry policy, with neither the breaker nor the overload
+	// controller.
+	Breaker *breaker.Settings
+	// Overload is the overload controller's settings when Breaker is set
+	// (zero: its defaults, as interceptor.New has them).
+	Overload hgoverload.Settings
+	Budget   *policy.Budget // nil: no retry budget
 	// IdempotencyKey gives every call a key (WithIdempotencyKey) the server
 	// dedupes charges by.
 	IdempotencyKey bool
@@ -226,8 +234,10 @@ func (st Strategy) Scale(s float64) Strategy {
 	}
 	if st.Breaker != nil {
 		b := st.Breaker.WithDefaults()
-		b.OpenTimeout, b.Window = scaleDur(b.OpenTimeout, s), scaleDur(b.Window, s)
+		b.OpenTimeout, b.MaxOpenTimeout, b.Window = scaleDur(b.OpenTimeout, s), scaleDur(b.MaxOpenTimeout, s), scaleDur(b.Window, s)
 		st.Breaker = &b
+		o := &st.Overload
+		o.Interval, o.Hold = scaleDur(cmp.Or(o.Interval, hgoverload.DefaultInterval), s), scaleDur(cmp.Or(o.Hold, hgoverload.DefaultHold), s)
 	}
 	if st.Budget != nil {
 		b := st.Budget.WithDefaults()
@@ -310,9 +320,9 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float6
 	sc, st = sc.Scale(scale), st.Scale(scale)
 	opts := []interceptor.Option{interceptor.WithPolicy(st.Policy), interceptor.WithTracerProvider(r.TracerProvider)}
 	if st.Breaker != nil {
-		opts = append(opts, interceptor.WithBreaker(*st.Breaker))
+		opts = append(opts, interceptor.WithBreaker(*st.Breaker), interceptor.WithOverloadControl(st.Overload))
 	} else {
-		opts = append(opts, interceptor.WithoutBreaker())
+		opts = append(opts, interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
 	}
 	if st.Budget != nil {
 		opts = append(opts, interceptor.WithRetryBudget(*st.Budget))

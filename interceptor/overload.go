@@ -1,0 +1,82 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/overload"
+)
+
+// controllerFor returns the overload controller of a target, or nil when
+// overload control is off.
+func (ic *Interceptor) controllerFor(target string) *overload.Controller {
+	if ic.overload == nil {
+		return nil
+	}
+	return ic.controllers.Get(target, func() *overload.Controller {
+		c, _ := overload.New(*ic.overload) // validated in New
+		return c
+	})
+}
+
+// admit asks the target's controller (nil: none) to send attempt n. An
+// attempt held back is traced as a span of its own, like a backoff wait,
+// and the wait is measured. It returns nil when the attempt may go,
+// [overload.ErrShed] when it was shed, or the status error that matches
+// the context's when ctx ended while it waited.
+func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *overload.Controller, method string, n int) error {
+	if ctl == nil {
+		return nil
+	}
+	held, err := ctl.Acquire(ctx)
+	if held <= 0 && err == nil {
+		return nil
+	}
+	if tracer != nil {
+		end := time.Now()
+		_, span := tracer.Start(ctx, SpanHeld, trace.WithTimestamp(end.Add(-held)), trace.WithAttributes(
+			AttrAttempt.Int(n), AttrHeldMS.Float64(float64(held)/float64(time.Millisecond)), AttrShed.Bool(errors.Is(err, overload.ErrShed))))
+		span.End(trace.WithTimestamp(end))
+	}
+	ic.metering.held(ctx, method, held.Seconds(), errors.Is(err, overload.ErrShed))
+	if err != nil && !errors.Is(err, overload.ErrShed) {
+		return status.FromContextError(err).Err()
+	}
+	return err
+}
+
+// shedError is the error of a call whose attempt n was shed: the previous
+// attempt's error (last), or, for a first attempt, an Unavailable status
+// that says so. Either way it is a *RetryError with OutcomeShed.
+func shedError(n int, last error) error {
+	if last == nil {
+		last = status.Error(codes.Unavailable, "herdguard: "+overload.ErrShed.Error())
+	}
+	return &RetryError{Attempts: n - 1, Outcome: OutcomeShed, Err: last}
+}
+
+// loadOutcome is what an attempt's end says of the server's load: no
+// error, or any code the server answered with, is an answer; Unavailable,
+// ResourceExhausted and DeadlineExceeded (the server did not answer in
+// time) are overload signals, unless the client made them itself; a
+// cancellation says nothing.
+func loadOutcome(err error) overload.Outcome {
+	if err == nil {
+		return overload.Answered
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded:
+		if clientSide(err) {
+			return overload.Ignored
+		}
+		return overload.Overloaded
+	case codes.Canceled:
+		return overload.Ignored
+	}
+	return overload.Answered
+}

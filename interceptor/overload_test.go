@@ -1,0 +1,217 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/overload"
+	"github.com/herdguard/herdguard/policy"
+)
+
+func TestLoadOutcome(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want overload.Outcome
+	}{
+		{nil, overload.Answered},
+		{status.Error(codes.NotFound, "no"), overload.Answered},
+		{status.Error(codes.InvalidArgument, "bad"), overload.Answered},
+		{status.Error(codes.Unavailable, "down"), overload.Overloaded},
+		{status.Error(codes.ResourceExhausted, "busy"), overload.Overloaded},
+		{status.Error(codes.DeadlineExceeded, "slow"), overload.Overloaded},
+		{status.Error(codes.ResourceExhausted, "trying to send message larger than max (9 vs. 1)"), overload.Ignored},
+		{status.Error(codes.Canceled, "caller"), overload.Ignored},
+	} {
+		if got := loadOutcome(tc.err); got != tc.want {
+			t.Errorf("loadOutcome(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+// Overload control is on by default and off by option.
+func TestOverloadControlDefault(t *testing.T) {
+	ic, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ic.controllerFor("dns:///a") == nil || ic.controllerFor("dns:///a") != ic.controllerFor("dns:///a") {
+		t.Error("no controller per target by default")
+	}
+	ic, err = New(WithoutOverloadControl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ic.controllerFor("dns:///a") != nil {
+		t.Error("a controller with WithoutOverloadControl")
+	}
+	if _, err := New(WithOverloadControl(overload.Settings{FailureRatio: 2})); err == nil ||
+		err.Error() != "interceptor: WithOverloadControl: overload: FailureRatio = 2: must be in [0, 1]" {
+		t.Errorf("bad settings: %v", err)
+	}
+}
+
+// overloaded makes a client whose server refuses the first n attempts
+// (Unavailable) and then answers, with a controller that starts pacing
+// after 3 refusals; it sends those n calls, one attempt each.
+func overloaded(t *testing.T, n int, opts ...Option) (*fakeClock, grpc_testing.TestServiceClient, *Interceptor) {
+	t.Helper()
+	codesList := make([]codes.Code, n+1)
+	for i := range n {
+		codesList[i] = codes.Unavailable
+	}
+	sc := fail(codesList...)
+	srv := testserver.Start(t, &testserver.Server{Unary: sc.unary,
+		ServerStream: func(_ *grpc_testing.StreamingOutputCallRequest, ss grpc_testing.TestService_StreamingOutputCallServer) error {
+			return ss.Send(&grpc_testing.StreamingOutputCallResponse{Payload: payload("0")})
+		}})
+	clk := newFakeClock()
+	ic, err := New(append([]Option{withClock(clk), withRand(fixedRand(0.5)), WithoutBreaker(),
+		WithPolicy(policy.Policy{MaxAttempts: 1}), WithOverloadControl(overload.Settings{MinFailures: 3})}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	for range n {
+		if err := call(t, c); status.Code(err) != codes.Unavailable {
+			t.Fatalf("scripted failure: %v", err)
+		}
+	}
+	if !ic.controllerFor(testserver.Target).Pacing() {
+		t.Fatal("not pacing after the refusals")
+	}
+	return clk, c, ic
+}
+
+// An attempt held back waits for the controller's next token (a probe, an
+// interval later on the fake clock), is traced as a held span under the
+// call and measured, and then goes.
+func TestOverloadHoldsAnAttempt(t *testing.T) {
+	rec, tp := newRecorder()
+	mrec, mp := newMetrics()
+	_, c, _ := overloaded(t, 3, WithTracerProvider(tp), WithMeterProvider(mp))
+	if err := call(t, c); err != nil {
+		t.Fatalf("held call: %v", err)
+	}
+	var held int
+	for _, s := range rec.Ended() {
+		if s.Name() != SpanHeld {
+			continue
+		}
+		held++
+		attrs := map[attribute.Key]attribute.Value{}
+		for _, kv := range s.Attributes() {
+			attrs[kv.Key] = kv.Value
+		}
+		if attrs[AttrHeldMS].AsFloat64() != 100 || attrs[AttrAttempt].AsInt64() != 1 || attrs[AttrShed].AsBool() {
+			t.Errorf("held span attributes %v, want 100ms before attempt 1, not shed", attrs)
+		}
+		if !s.Parent().IsValid() {
+			t.Error("held span has no parent call span")
+		}
+	}
+	if held != 1 {
+		t.Errorf("%d held spans, want 1", held)
+	}
+	if h, ok := collect(t, mrec, MetricOverloadHeld).(metricdata.Histogram[float64]); !ok || len(h.DataPoints) != 1 || h.DataPoints[0].Count != 1 {
+		t.Errorf("%s = %+v, want one wait", MetricOverloadHeld, h)
+	}
+}
+
+// A waiter whose deadline the controller's rate cannot meet is shed: the
+// call fails at once with OutcomeShed, an Unavailable status that says so,
+// and nothing is sent.
+func TestOverloadShedsAttempt(t *testing.T) {
+	mrec, mp := newMetrics()
+	sc := fail(codes.OK)
+	srv, c, clk, ic := setup(t, sc, WithoutBreaker(), WithMeterProvider(mp),
+		WithPolicy(policy.Policy{MaxAttempts: 1}), WithOverloadControl(overload.Settings{MinFailures: 3}))
+	// The server sustains 3 per interval for a second, then refuses 3.
+	for range 30 {
+		if err := call(t, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.advance(time.Second)
+	sc.mu.Lock()
+	sc.errs, sc.n = []error{status.Error(codes.Unavailable, "1"), status.Error(codes.Unavailable, "2"), status.Error(codes.Unavailable, "3"), nil}, 0
+	sc.mu.Unlock()
+	for range 3 {
+		_ = call(t, c)
+	}
+	if err := call(t, c); err != nil { // held for the probe; its answer restarts the rate at 3
+		t.Fatalf("probe call: %v", err)
+	}
+	sent := len(srv.Attempts())
+	// The fake clock runs ahead of real time: a real deadline one second
+	// away is already past on it, so no rate can meet it.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{})
+	var re *RetryError
+	if !errors.As(err, &re) || re.Outcome != OutcomeShed || re.Attempts != 0 || status.Code(err) != codes.Unavailable {
+		t.Fatalf("shed call: %v, want a RetryError with OutcomeShed, 0 attempts, Unavailable", err)
+	}
+	if got := len(srv.Attempts()); got != sent {
+		t.Errorf("%d attempts reached the server for a shed call", got-sent)
+	}
+	if st := ic.controllerFor(testserver.Target).State(); st.Shed != 1 {
+		t.Errorf("controller shed %d, want 1", st.Shed)
+	}
+	if n := sumInt(t, mrec, MetricCalls, []attribute.KeyValue{AttrOutcome.String(string(OutcomeShed))}); n != 1 {
+		t.Errorf("calls with outcome shed = %d, want 1", n)
+	}
+}
+
+// Streams ask the controller too: a stream opened while the controller
+// paces is held for its token, then works.
+func TestOverloadHoldsAStream(t *testing.T) {
+	rec, tp := newRecorder()
+	_, c, _ := overloaded(t, 3, WithTracerProvider(tp))
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	s, err := c.StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := recvAll(s.Recv); err != nil {
+		t.Fatalf("held stream: %v", err)
+	}
+	held := 0
+	for _, sp := range rec.Ended() {
+		if sp.Name() == SpanHeld {
+			held++
+		}
+	}
+	if held != 1 {
+		t.Errorf("%d held spans for the stream, want 1", held)
+	}
+}
+
+// No hedge is sent while the controller paces the target.
+func TestOverloadStopsHedges(t *testing.T) {
+	ctl, err := overload.New(overload.Settings{MinFailures: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ic, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := hedgeRules{max: 3, hedges: ic.hedgeBudget("t"), ctl: ctl}
+	if got := r.refusal(); got != "" {
+		t.Fatalf("calm: refusal %q", got)
+	}
+	ctl.Done(overload.Overloaded)
+	if got := r.refusal(); got != "overload" {
+		t.Errorf("pacing: refusal %q, want overload", got)
+	}
+}

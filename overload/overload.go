@@ -1,0 +1,475 @@
+// Package overload paces the attempts a client sends to one server once the
+// server shows it is overloaded, and leaves them alone while it is not.
+//
+// A [Controller] knows counts and time, nothing of gRPC: the caller asks
+// [Controller.Acquire] before every attempt (first attempts included) and
+// reports each attempt's [Outcome] with [Controller.Done].
+//
+// While the server answers, Acquire returns at once: it takes no lock and
+// allocates nothing. When, within one Interval, at least MinFailures
+// attempts fail with an overload signal and they are at least FailureRatio
+// of the answers, the controller starts pacing: every attempt waits for a
+// token, and tokens come at a rate that follows what the server takes.
+// Independent failures below the ratio are not overload and change nothing.
+//
+//   - An interval in which at least a tenth of the answers were refusals
+//     ends in probing: one attempt per interval, so that a server that
+//     stays down while it is hit (the metastable case) gets its calm. If
+//     the server took some attempts in that interval, their number is the
+//     capacity it showed.
+//   - The first answer after that restarts the rate at what the server is
+//     known to take: the throughput it sustained before the overload, or
+//     Headroom of the capacity it showed; with nothing known, a slow start
+//     that adds a token per answer.
+//   - Without refusals, the rate rises while attempts wait: to what is
+//     known at once, past it by a quarter per Hold, but never past a
+//     capacity the server showed in this episode unless it has since taken
+//     more. Intervals with no refusals raise what is known.
+//   - Calm intervals in a row (no refusal, nobody waiting, attempts below
+//     half the rate) end the pacing.
+//
+// Waiting attempts form a line served newest first: under overload the
+// newest caller is the one most likely to still want the answer, and an old
+// waiter starved behind new ones costs the server nothing. Once the rate is
+// at what the server is known to take, a waiter whose deadline cannot be
+// met is shed at once with [ErrShed] rather than sent late.
+package overload
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrShed is returned by [Controller.Acquire] for an attempt the controller
+// refused without sending: its deadline could not be met at the rate the
+// server takes.
+var ErrShed = errors.New("overload: attempt shed: the server is overloaded and the deadline cannot be met")
+
+// Outcome is what one attempt said about the server's load.
+type Outcome uint8
+
+const (
+	// Ignored says nothing: the caller cancelled, or the client failed by
+	// itself.
+	Ignored Outcome = iota
+	// Answered is any answer that is not an overload signal (OK, and also
+	// NotFound or InvalidArgument: the server had the capacity to answer).
+	Answered
+	// Overloaded is a refusal for load: Unavailable, ResourceExhausted, an
+	// attempt that timed out.
+	Overloaded
+)
+
+// Controller paces one server's attempts. Make one with [New]. It is safe
+// for concurrent use.
+type Controller struct {
+	s Settings
+
+	pacing    atomic.Bool
+	collapsed atomic.Bool  // pacing, and the last interval refused everything
+	ok        atomic.Int64 // answers in the current interval
+	delayed   atomic.Uint64
+	shed      atomic.Uint64
+	episodes  atomic.Uint64
+
+	mu       sync.Mutex
+	start    time.Time // of the current interval
+	fail     int       // overload failures in the current interval
+	known    float64   // answers per interval the server sustained before the overload
+	ceiling  float64   // answers per interval it took while refusing others; 0 unknown
+	rate     float64   // tokens per interval while pacing
+	tokens   float64
+	refilled time.Time
+	arrived  int // attempts that asked in the current interval
+	lastIn   int // in the last closed one
+	waited   bool
+	quiet    int       // calm intervals in a row
+	restarts int       // restarts after a collapse in this episode
+	growAt   time.Time // no growth past what is known before this
+	line     []*waiter // newest last
+	armed    bool      // a tick is scheduled at due
+	due      time.Time
+	stop     func() bool
+}
+
+type waiter struct {
+	deadline time.Time // zero: none
+	ready    chan error
+	done     bool
+}
+
+// New returns a calm controller for s.
+func New(s Settings) (*Controller, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	s = s.WithDefaults()
+	c := &Controller{s: s}
+	c.start = s.Now()
+	return c, nil
+}
+
+// Acquire asks leave to send one attempt, and returns how long the attempt
+// was held back. While the server is calm it returns at once. While pacing
+// it waits for a token, newest first, until ctx ends (its error is
+// returned) or the controller sheds the attempt ([ErrShed]).
+func (c *Controller) Acquire(ctx context.Context) (time.Duration, error) {
+	if !c.pacing.Load() {
+		return 0, nil
+	}
+	return c.acquire(ctx)
+}
+
+func (c *Controller) acquire(ctx context.Context) (time.Duration, error) {
+	c.mu.Lock()
+	now := c.s.Now()
+	c.advanceLocked(now)
+	if !c.pacing.Load() {
+		c.mu.Unlock()
+		return 0, nil
+	}
+	c.arrived++
+	if len(c.line) == 0 && c.tokens >= 1 {
+		c.tokens--
+		c.mu.Unlock()
+		return 0, nil
+	}
+	c.waited = true
+	w := &waiter{ready: make(chan error, 1)}
+	if d, ok := ctx.Deadline(); ok {
+		w.deadline = d
+	}
+	c.line = append(c.line, w)
+	c.serveLocked(now)
+	c.mu.Unlock()
+
+	select {
+	case err := <-w.ready:
+		if err == nil {
+			c.delayed.Add(1)
+		}
+		return c.s.Now().Sub(now), err
+	case <-ctx.Done():
+		c.mu.Lock()
+		if w.done { // served or shed at the same moment: give a token back
+			if err := <-w.ready; err == nil {
+				c.tokens++
+			}
+		} else {
+			c.removeLocked(w)
+		}
+		c.mu.Unlock()
+		return c.s.Now().Sub(now), ctx.Err()
+	}
+}
+
+// Pacing reports whether the controller is pacing attempts: the server has
+// shown it is overloaded. It takes no lock.
+func (c *Controller) Pacing() bool { return c.pacing.Load() }
+
+// Done reports how an attempt that Acquire let through ended.
+func (c *Controller) Done(o Outcome) {
+	switch o {
+	case Answered:
+		if !c.pacing.Load() {
+			c.ok.Add(1)
+		} else {
+			c.mu.Lock()
+			now := c.s.Now()
+			c.advanceLocked(now) // the answer belongs to the interval now
+			c.ok.Add(1)
+			switch {
+			case c.collapsed.Load():
+				c.restartLocked(now)
+			case c.slowStartLocked(now):
+				// Below what the server is known to take, each answer
+				// adds a token per interval: the rate doubles every round
+				// trip, as TCP's slow start does.
+				c.rate = min(c.rate+1, c.freeLocked())
+				c.serveLocked(now)
+			}
+			c.mu.Unlock()
+		}
+	case Overloaded:
+		c.mu.Lock()
+		now := c.s.Now()
+		c.advanceLocked(now)
+		c.fail++
+		if !c.pacing.Load() && c.fail >= c.s.MinFailures &&
+			float64(c.fail) >= c.s.FailureRatio*float64(c.fail+int(c.ok.Load())) {
+			c.beginLocked(now)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// State is a snapshot of a controller, for metrics.
+type State struct {
+	Pacing   bool
+	Rate     float64 // attempts per second while pacing; 0 when calm
+	Waiting  int     // attempts in the line
+	Delayed  uint64  // attempts sent after waiting, since New
+	Shed     uint64  // attempts shed, since New
+	Episodes uint64  // times pacing began, since New
+}
+
+// State returns the controller's state now.
+func (c *Controller) State() State {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.advanceLocked(c.s.Now())
+	st := State{Pacing: c.pacing.Load(), Waiting: len(c.line),
+		Delayed: c.delayed.Load(), Shed: c.shed.Load(), Episodes: c.episodes.Load()}
+	if st.Pacing {
+		st.Rate = c.rate * float64(time.Second) / float64(c.s.Interval)
+	}
+	return st
+}
+
+// beginLocked starts pacing within the current interval: one probe's worth
+// of tokens until the interval's counts say more.
+func (c *Controller) beginLocked(now time.Time) {
+	c.pacing.Store(true)
+	c.episodes.Add(1)
+	c.rate, c.tokens, c.refilled = 1, 0, now
+	c.ceiling, c.restarts, c.quiet = 0, 0, 0
+	c.growAt = time.Time{}
+	c.arrived, c.lastIn, c.waited = 0, 0, false
+}
+
+// endLocked stops pacing and lets every waiter go.
+func (c *Controller) endLocked() {
+	c.pacing.Store(false)
+	c.collapsed.Store(false)
+	for _, w := range c.line {
+		w.done = true
+		w.ready <- nil
+	}
+	clear(c.line)
+	c.line = c.line[:0]
+}
+
+// advanceLocked closes every interval that has ended by now and adjusts
+// the rate after each.
+func (c *Controller) advanceLocked(now time.Time) {
+	if c.pacing.Load() {
+		c.refillLocked(now)
+	}
+	for now.Sub(c.start) >= c.s.Interval {
+		n := now.Sub(c.start) / c.s.Interval
+		ok := float64(c.ok.Swap(0))
+		if !c.pacing.Load() {
+			// Calm: whatever passed since the last failure is the
+			// throughput the server sustains (per interval).
+			if c.fail == 0 || float64(c.fail) < c.s.FailureRatio*(ok+float64(c.fail)) {
+				c.known = ok / float64(n)
+			}
+			c.start, c.fail = now, 0
+			return
+		}
+		c.closeLocked(ok, now)
+		c.start = c.start.Add(c.s.Interval)
+		if !c.pacing.Load() {
+			c.start = now
+			return
+		}
+	}
+}
+
+// closeLocked adjusts the rate at the end of a paced interval in which the
+// server answered ok attempts and refused c.fail.
+func (c *Controller) closeLocked(ok float64, now time.Time) {
+	fail := float64(c.fail)
+	overloaded := fail > 0 && fail*10 >= ok+fail
+	waited := c.waited || len(c.line) > 0
+	c.lastIn = c.arrived
+	c.arrived, c.fail, c.waited = 0, 0, false
+
+	switch {
+	case overloaded:
+		// Collapsed, or took ok and refused the rest (its capacity): a
+		// server that refuses for load is often down for a while (it
+		// recovers only once it is left alone), so send one probe per
+		// interval until one is answered.
+		if ok > 0 {
+			c.ceiling = ok
+		}
+		c.collapsed.Store(true)
+		c.rate, c.quiet = 1, 0
+	case c.collapsed.Load():
+		// Still waiting for a probe's answer.
+	case waited:
+		c.learnLocked(ok)
+		c.quiet = 0
+		if ok > 0 {
+			c.growLocked(now)
+		}
+	case fail == 0:
+		c.learnLocked(ok)
+		// Nobody waited: the rate may rise to what the server is known
+		// to take, and the pacing ends once the attempts have stayed
+		// well below the rate (half) for Calm intervals.
+		if c.boundLocked() {
+			c.rate = max(c.rate, min(1.25*c.rate, c.freeLocked()))
+		} else {
+			c.rate *= 1.25
+		}
+		if float64(c.lastIn) <= c.rate/2 {
+			c.quiet++
+		} else {
+			c.quiet = 0
+		}
+		if c.quiet >= c.s.Calm && len(c.line) == 0 {
+			c.endLocked()
+		}
+	}
+}
+
+// restartLocked sets the rate after the first answer that ends a collapse.
+func (c *Controller) restartLocked(now time.Time) {
+	c.collapsed.Store(false)
+	c.restarts++
+	c.rate = c.freeLocked()
+	if math.IsInf(c.rate, 1) {
+		c.rate = 2 // nothing known: a slow start
+	}
+	c.growAt = now.Add(c.s.Hold)
+	c.serveLocked(now)
+}
+
+// freeLocked is the rate the controller may return to without holding:
+// what the server sustained before the overload, or Headroom of the
+// capacity it showed since; +Inf when nothing is known.
+func (c *Controller) freeLocked() float64 {
+	if f := max(c.known, c.s.Headroom*c.ceiling); f > 0 {
+		return f
+	}
+	return math.Inf(1)
+}
+
+// learnLocked raises what the server is known to sustain after an interval
+// in which it took ok attempts and refused none, once that is more than the
+// capacity it showed in this episode: the capacity has grown since.
+func (c *Controller) learnLocked(ok float64) {
+	if ok > c.ceiling {
+		c.known = max(c.known, ok)
+	}
+}
+
+// boundLocked reports whether the capacity the server showed in this
+// episode is what limits the rate: it took that many and refused the rest,
+// and it sustained no more before the overload.
+func (c *Controller) boundLocked() bool {
+	return c.ceiling > 0 && c.ceiling >= c.known
+}
+
+// slowStartLocked reports whether the rate is below what the server may
+// take, with no refusal in this interval: it grows with each answer.
+func (c *Controller) slowStartLocked(now time.Time) bool {
+	return c.fail == 0 && c.rate < c.freeLocked() && !now.Before(c.growAt)
+}
+
+// growLocked raises the rate after an interval whose attempts had to wait
+// and were not refused.
+func (c *Controller) growLocked(now time.Time) {
+	if now.Before(c.growAt) {
+		return
+	}
+	if free := c.freeLocked(); c.rate < free {
+		c.rate = min(2*c.rate, free)
+		return
+	}
+	if c.boundLocked() {
+		return // never past a capacity the server showed in this episode
+	}
+	c.rate *= 1.25
+	c.growAt = now.Add(c.s.Hold)
+}
+
+// refillLocked adds the tokens earned since the last refill, keeping at
+// most a tenth of an interval's worth (at least one) so that attempts stay
+// spread out.
+func (c *Controller) refillLocked(now time.Time) {
+	if d := now.Sub(c.refilled); d > 0 {
+		c.tokens = min(c.tokens+c.rate*float64(d)/float64(c.s.Interval), max(1, c.rate/10))
+		c.refilled = now
+	}
+}
+
+// serveLocked hands tokens to the newest waiters, sheds those that cannot
+// be served in time, and arms the timer for the next token.
+func (c *Controller) serveLocked(now time.Time) {
+	c.refillLocked(now)
+	for len(c.line) > 0 && c.tokens >= 1 {
+		w := c.line[len(c.line)-1]
+		c.line = c.line[:len(c.line)-1]
+		c.tokens--
+		w.done = true
+		w.ready <- nil
+	}
+	c.shedLocked(now)
+	if len(c.line) == 0 {
+		return
+	}
+	wait := max(time.Duration((1-c.tokens)/c.rate*float64(c.s.Interval)), time.Millisecond/10)
+	if c.armed {
+		if !now.Add(wait).Before(c.due) || !c.stop() {
+			return // the timer comes soon enough, or is firing now
+		}
+	}
+	c.armed, c.due = true, now.Add(wait)
+	c.stop = c.s.AfterFunc(wait, c.tick)
+}
+
+func (c *Controller) tick() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.armed = false
+	now := c.s.Now()
+	c.advanceLocked(now)
+	if c.pacing.Load() {
+		c.serveLocked(now)
+	}
+}
+
+// shedLocked refuses the waiters that would wait past their deadlines: the
+// one k places from the front (newest) waits about k+1 tokens of what is
+// left after newer arrivals. While the server is collapsed, or the rate is
+// still below what the server is known to take (it grows), the wait cannot
+// be told, and waiters stay until their own deadlines.
+func (c *Controller) shedLocked(now time.Time) {
+	if c.collapsed.Load() || len(c.line) == 0 || c.rate < c.freeLocked() {
+		return // the rate is unknown, or still growing: no wait can be told
+	}
+	spare := max(c.rate-float64(c.lastIn), c.rate/10)
+	per := float64(c.s.Interval) / spare
+	kept := c.line[:0]
+	n := len(c.line)
+	for i, w := range c.line {
+		k := n - 1 - i
+		eta := now.Add(time.Duration(float64(k+1) * per))
+		if !w.deadline.IsZero() && eta.After(w.deadline) {
+			w.done = true
+			w.ready <- ErrShed
+			c.shed.Add(1)
+			continue
+		}
+		kept = append(kept, w)
+	}
+	clear(c.line[len(kept):])
+	c.line = kept
+}
+
+func (c *Controller) removeLocked(w *waiter) {
+	for i, x := range c.line {
+		if x == w {
+			c.line = append(c.line[:i], c.line[i+1:]...)
+			c.line[len(c.line):cap(c.line)][0] = nil
+			return
+		}
+	}
+}

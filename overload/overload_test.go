@@ -1,0 +1,406 @@
+package overload
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeClock is a manual clock: timers fire when Advance passes them.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	at      time.Time
+	f       func()
+	stopped bool
+}
+
+// newFakeClock starts an hour ahead of real time, so that a context whose
+// deadline is near on the fake clock does not expire in real time.
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Now().Add(time.Hour)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTimer{at: c.now.Add(d), f: f}
+	c.timers = append(c.timers, t)
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		was := !t.stopped
+		t.stopped = true
+		return was
+	}
+}
+
+// Advance moves the clock by d in steps, running every timer that falls
+// due, in order.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	end := c.now.Add(d)
+	c.mu.Unlock()
+	for {
+		c.mu.Lock()
+		slices.SortFunc(c.timers, func(a, b *fakeTimer) int { return a.at.Compare(b.at) })
+		if len(c.timers) == 0 || c.timers[0].at.After(end) {
+			c.now = end
+			c.mu.Unlock()
+			return
+		}
+		t := c.timers[0]
+		c.timers = c.timers[1:]
+		if t.at.After(c.now) {
+			c.now = t.at
+		}
+		c.mu.Unlock()
+		if !t.stopped {
+			t.f()
+		}
+	}
+}
+
+func newController(t *testing.T, s Settings) (*Controller, *fakeClock) {
+	t.Helper()
+	clk := newFakeClock()
+	s.Now, s.AfterFunc = clk.Now, clk.AfterFunc
+	c, err := New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, clk
+}
+
+func report(c *Controller, o Outcome, n int) {
+	for range n {
+		c.Done(o)
+	}
+}
+
+// waitLine spins (without sleeping) until n attempts wait in c's line.
+func waitLine(t *testing.T, c *Controller, n int) {
+	t.Helper()
+	for i := 0; c.State().Waiting != n; i++ {
+		if i > 1e7 {
+			t.Fatalf("waiting = %d, want %d", c.State().Waiting, n)
+		}
+		runtime.Gosched()
+	}
+}
+
+// rateOf is the controller's rate in attempts per interval.
+func rateOf(c *Controller) float64 {
+	return c.State().Rate * float64(c.s.Interval) / float64(time.Second)
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		s    Settings
+		want string
+	}{
+		{Settings{Interval: -1}, "Interval = -1ns"},
+		{Settings{MinFailures: -2}, "MinFailures = -2"},
+		{Settings{FailureRatio: 1.5}, "FailureRatio = 1.5"},
+		{Settings{Hold: -time.Second}, "Hold = -1s"},
+		{Settings{Calm: -1}, "Calm = -1"},
+		{Settings{Headroom: 2}, "Headroom = 2"},
+		{Settings{Now: time.Now}, "Now and AfterFunc"},
+	} {
+		_, err := New(tc.s)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v, want an error containing %q", tc.s, err, tc.want)
+		}
+	}
+	if _, err := New(Settings{}); err != nil {
+		t.Errorf("the zero Settings: %v", err)
+	}
+}
+
+func TestDetection(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		answered, failed int
+		pacing           bool
+	}{
+		{"independent failures: 30 % of 1000", 700, 300, false},
+		{"fewer failures than MinFailures", 0, 19, false},
+		{"MinFailures, nothing answered", 0, 20, true},
+		{"failures just below the ratio", 21, 20, false},
+		{"failures at the ratio", 20, 20, true},
+		{"a herd over capacity 20", 20, 980, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, _ := newController(t, Settings{})
+			report(c, Answered, tc.answered)
+			report(c, Overloaded, tc.failed)
+			if got := c.State().Pacing; got != tc.pacing {
+				t.Errorf("pacing = %v, want %v", got, tc.pacing)
+			}
+		})
+	}
+}
+
+// The failures must fall in one interval: the same failures spread over
+// many calm intervals are not an overload.
+func TestDetectionPerInterval(t *testing.T) {
+	c, clk := newController(t, Settings{})
+	for range 10 {
+		report(c, Answered, 10)
+		report(c, Overloaded, 5)
+		clk.Advance(DefaultInterval)
+	}
+	if c.State().Pacing {
+		t.Fatal("pacing after 5 failures in each of 10 intervals")
+	}
+}
+
+func TestCalmPathIsFree(t *testing.T) {
+	c, _ := newController(t, Settings{})
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, err := c.Acquire(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c.Done(Answered)
+	})
+	if allocs != 0 {
+		t.Errorf("allocs per calm attempt = %v, want 0", allocs)
+	}
+}
+
+type grant struct {
+	id  int
+	err error
+}
+
+// acquireAsync starts Acquire for id and reports it on out.
+func acquireAsync(ctx context.Context, c *Controller, id int, out chan<- grant) {
+	go func() {
+		_, err := c.Acquire(ctx)
+		out <- grant{id, err}
+	}()
+}
+
+// A herd over a server that takes 20 per interval and then stays down:
+// one probe per interval newest first, then 90 % of the measured capacity.
+func TestHerdSequence(t *testing.T) {
+	c, clk := newController(t, Settings{})
+	report(c, Answered, 20)
+	report(c, Overloaded, 980)
+	if !c.State().Pacing {
+		t.Fatal("not pacing after the herd")
+	}
+	out := make(chan grant, 10)
+	ctx := context.Background()
+	for id := range 3 {
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	// The interval ends: collapsed (ceiling 20), one probe per interval,
+	// the first as the interval's token comes.
+	clk.Advance(DefaultInterval)
+	if got := rateOf(c); got != 1 {
+		t.Fatalf("rate after the herd's interval = %v per interval, want 1 (a probe)", got)
+	}
+	g := <-out
+	if g.id != 2 || g.err != nil {
+		t.Fatalf("first probe went to %d (%v), want the newest, 2", g.id, g.err)
+	}
+	c.Done(Overloaded) // the server is still down
+	clk.Advance(DefaultInterval)
+	if g := <-out; g.id != 1 {
+		t.Fatalf("second probe went to %d, want 1", g.id)
+	}
+	c.Done(Answered) // it recovered: restart at 90 % of 20
+	if got := rateOf(c); got != 18 {
+		t.Fatalf("rate after recovery = %v per interval, want 18", got)
+	}
+	clk.Advance(DefaultInterval / 10)
+	if g := <-out; g.id != 0 || g.err != nil {
+		t.Fatalf("last waiter: %+v", g)
+	}
+	if st := c.State(); st.Delayed != 3 || st.Shed != 0 {
+		t.Errorf("delayed %d shed %d, want 3 and 0", st.Delayed, st.Shed)
+	}
+}
+
+// calmThenFail runs perInterval answers for 30 intervals, then enough
+// failures in the next to start pacing.
+func calmThenFail(t *testing.T, perInterval int) (*Controller, *fakeClock) {
+	t.Helper()
+	c, clk := newController(t, Settings{})
+	for range 30 {
+		report(c, Answered, perInterval)
+		clk.Advance(DefaultInterval)
+	}
+	report(c, Overloaded, 20)
+	if !c.State().Pacing {
+		t.Fatal("not pacing")
+	}
+	return c, clk
+}
+
+// A restart returns to the throughput the server sustained before the
+// overload, even after a refused interval measured less (an outage that
+// ended looks the same as a cut that persists until the rate is tried).
+// Past the sustained rate it grows by a quarter per Hold, and only while
+// attempts wait.
+func TestRestartsAndGrowth(t *testing.T) {
+	c, clk := calmThenFail(t, 60)
+	clk.Advance(DefaultInterval) // collapsed
+	if got := rateOf(c); got != 1 {
+		t.Fatalf("collapsed rate = %v, want 1", got)
+	}
+	c.Done(Answered)
+	if got := rateOf(c); got != 60 {
+		t.Fatalf("first restart at %v per interval, want the sustained 60", got)
+	}
+	// The server takes 30 and refuses the rest: one probe per interval.
+	report(c, Answered, 29) // and the answer that restarted it
+	report(c, Overloaded, 30)
+	clk.Advance(DefaultInterval)
+	if got := rateOf(c); got != 1 {
+		t.Fatalf("rate after a refused interval = %v, want 1", got)
+	}
+	c.Done(Answered)
+	if got := rateOf(c); got != 60 {
+		t.Fatalf("second restart at %v, want the sustained 60", got)
+	}
+	// Demand above the rate (attempts waited), answers, no failures: held
+	// for 500ms, then a quarter more per 500ms.
+	for i, want := range []float64{60, 60, 60, 60, 75, 75, 75, 75, 75, 93.75} {
+		markWaited(c)
+		c.Done(Answered)
+		clk.Advance(DefaultInterval)
+		if got := rateOf(c); got != want {
+			t.Fatalf("interval %d: rate = %v, want %v", i, got, want)
+		}
+	}
+}
+
+// A herd on a fresh client: nothing was sustained before, the first
+// interval measured a capacity of 20; the rate restarts at 90 % of it and
+// never grows past it while the episode lasts, waiting or not.
+func TestMeasuredCapacityBounds(t *testing.T) {
+	c, clk := newController(t, Settings{})
+	report(c, Answered, 20)
+	report(c, Overloaded, 980)
+	clk.Advance(DefaultInterval)
+	c.Done(Answered)
+	if got := rateOf(c); got != 18 {
+		t.Fatalf("restart at %v, want 18", got)
+	}
+	for i := range 20 {
+		if i%2 == 0 {
+			markWaited(c)
+		}
+		report(c, Answered, 18)
+		clk.Advance(DefaultInterval)
+		if got := rateOf(c); got != 18 {
+			t.Fatalf("interval %d: rate = %v, want it held at 18", i, got)
+		}
+	}
+}
+
+// markWaited makes the current interval one in which attempts waited.
+func markWaited(c *Controller) {
+	c.mu.Lock()
+	c.waited = true
+	c.mu.Unlock()
+}
+
+// With nothing known (no throughput before, no capacity measured) a
+// restart is a slow start.
+func TestRestartWithNothingKnown(t *testing.T) {
+	c, clk := newController(t, Settings{})
+	report(c, Overloaded, 20)
+	clk.Advance(DefaultInterval)
+	c.Done(Answered)
+	if got := rateOf(c); got != 2 {
+		t.Fatalf("restart = %v per interval, want a slow start at 2", got)
+	}
+}
+
+func TestPacingEnds(t *testing.T) {
+	c, clk := calmThenFail(t, 60)
+	clk.Advance(DefaultInterval)
+	c.Done(Answered)
+	for i := range DefaultCalm {
+		if !c.State().Pacing {
+			t.Fatalf("pacing ended after %d calm intervals, want %d", i, DefaultCalm)
+		}
+		report(c, Answered, 10)
+		clk.Advance(DefaultInterval)
+	}
+	if c.State().Pacing {
+		t.Fatal("still pacing after the calm intervals")
+	}
+	if d, err := c.Acquire(context.Background()); d != 0 || err != nil {
+		t.Fatalf("calm Acquire = %v, %v", d, err)
+	}
+}
+
+// A waiter whose deadline falls before its turn is shed at once; while
+// the server is collapsed nobody is shed before their deadline.
+func TestShedding(t *testing.T) {
+	c, clk := calmThenFail(t, 10)
+	clk.Advance(DefaultInterval) // collapsed
+	out := make(chan grant, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if d, err := c.Acquire(ctx); d != 0 || err != nil { // the probe
+		t.Fatalf("probe: %v, %v", d, err)
+	}
+	near, cancelNear := context.WithDeadline(ctx, clk.Now().Add(50*time.Millisecond))
+	defer cancelNear()
+	acquireAsync(near, c, 0, out)
+	waitLine(t, c, 1)
+	acquireAsync(ctx, c, 1, out)
+	waitLine(t, c, 2)
+	acquireAsync(ctx, c, 2, out)
+	waitLine(t, c, 3)
+	if st := c.State(); st.Shed != 0 {
+		t.Fatalf("shed %d while collapsed", st.Shed)
+	}
+	// Recovery at 10 per interval, with 10 arrivals per interval before:
+	// the spare is a tenth of the rate, a token per 100ms, so the oldest
+	// waiter (two places back) cannot make its 50ms deadline.
+	c.mu.Lock()
+	c.lastIn = 10
+	c.mu.Unlock()
+	c.Done(Answered)
+	g := <-out
+	if g.id != 0 || !errors.Is(g.err, ErrShed) {
+		t.Fatalf("first result %+v, want 0 shed", g)
+	}
+	if st := c.State(); st.Shed != 1 {
+		t.Errorf("shed = %d, want 1", st.Shed)
+	}
+	cancel()
+	for range 2 {
+		if g := <-out; !errors.Is(g.err, context.Canceled) {
+			t.Errorf("waiter %d: %v, want its context's error", g.id, g.err)
+		}
+	}
+	if st := c.State(); st.Waiting != 0 {
+		t.Errorf("waiting = %d after every waiter left", st.Waiting)
+	}
+}
