@@ -40,7 +40,12 @@ func BenchmarkInterceptorAlone(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer cc.Close()
-	for _, p := range peers {
+	// herdguard without its overload controller: what the controller costs
+	// a healthy call, side by side.
+	bare := peer{name: "herdguard-no-overload", unary: func(tb testing.TB, n int, d time.Duration) grpc.UnaryClientInterceptor {
+		return herdguard(tb, n, d, interceptor.WithoutOverloadControl()).Unary()
+	}}
+	for _, p := range append(peers[:len(peers):len(peers)], bare) {
 		if p.unary == nil {
 			continue
 		}

@@ -41,6 +41,9 @@ func BenchmarkUnaryAlone(b *testing.B) {
 	b.Run("retry+breaker/tracing=off", func(b *testing.B) {
 		benchInterceptorAlone(b, WithTracerProvider(noop.NewTracerProvider()))
 	})
+	b.Run("retry+breaker/overload=off/tracing=off", func(b *testing.B) {
+		benchInterceptorAlone(b, WithTracerProvider(noop.NewTracerProvider()), WithoutOverloadControl())
+	})
 	b.Run("retry/tracing=off", func(b *testing.B) {
 		benchInterceptorAlone(b, WithTracerProvider(noop.NewTracerProvider()), WithoutBreaker())
 	})

@@ -235,9 +235,7 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 	won := h.winner == a && err == nil
 	h.mu.Unlock()
 	a.cancel()
-	if c.ctl != nil {
-		c.ctl.Done(loadOutcome(err))
-	}
+	attemptDone(c.ctl, err)
 
 	if err == nil && h.window != nil {
 		h.window.Record(elapsed) // an attempt cancelled as a loser ends with an error

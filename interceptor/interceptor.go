@@ -3,6 +3,7 @@ package interceptor
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -40,8 +41,9 @@ type Interceptor struct {
 	limits     cow.Map[string, *limits]
 	// overload is the overload controllers' settings (nil: off), and
 	// controllers holds each target's.
-	overload    *overload.Settings
-	controllers cow.Map[string, *overload.Controller]
+	overload       *overload.Settings
+	controllers    cow.Map[string, *overload.Controller]
+	lastController atomic.Pointer[targetController]
 
 	idempotencyKey string
 	idempotentOnly bool

@@ -18,10 +18,23 @@ func (ic *Interceptor) controllerFor(target string) *overload.Controller {
 	if ic.overload == nil {
 		return nil
 	}
-	return ic.controllers.Get(target, func() *overload.Controller {
+	// Most interceptors serve one target: the last one found is checked
+	// first, which is cheaper than the map's hashing.
+	if last := ic.lastController.Load(); last != nil && last.target == target {
+		return last.ctl
+	}
+	ctl := ic.controllers.Get(target, func() *overload.Controller {
 		c, _ := overload.New(*ic.overload) // validated in New
 		return c
 	})
+	ic.lastController.Store(&targetController{target, ctl})
+	return ctl
+}
+
+// targetController is a target's overload controller.
+type targetController struct {
+	target string
+	ctl    *overload.Controller
 }
 
 // admit asks the target's controller (nil: none) to send attempt n. An
@@ -30,7 +43,7 @@ func (ic *Interceptor) controllerFor(target string) *overload.Controller {
 // [overload.ErrShed] when it was shed, or the status error that matches
 // the context's when ctx ended while it waited.
 func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *overload.Controller, method string, n int) error {
-	if ctl == nil {
+	if ctl == nil || !ctl.Pacing() {
 		return nil
 	}
 	held, err := ctl.Acquire(ctx)
@@ -58,6 +71,17 @@ func shedError(n int, last error) error {
 		last = status.Error(codes.Unavailable, "herdguard: "+overload.ErrShed.Error())
 	}
 	return &RetryError{Attempts: n - 1, Outcome: OutcomeShed, Err: last}
+}
+
+// attemptDone tells the controller (nil: none) how an attempt ended.
+func attemptDone(ctl *overload.Controller, err error) {
+	switch {
+	case ctl == nil:
+	case err == nil:
+		ctl.Answered()
+	default:
+		ctl.Done(loadOutcome(err))
+	}
 }
 
 // loadOutcome is what an attempt's end says of the server's load: no

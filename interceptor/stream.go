@@ -884,9 +884,7 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		return
 	}
 	a.ended = true
-	if s.ctl != nil {
-		s.ctl.Done(loadOutcome(err))
-	}
+	attemptDone(s.ctl, err)
 	s.ic.attemptEnded(s.ctx, s.method, a.span, a.n, err, s.hedge != nil && a.n > 1, s.hedge != nil && s.hedge.winner == a.n)
 }
 

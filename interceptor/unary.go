@@ -232,9 +232,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		// refused pushback, and no failure after headers, for throttling.
 		catch := attempt < maxAttempts || c.lim != nil && c.lim.throttle != nil
 		end := c.attempt(actx, attempt, catch)
-		if c.ctl != nil {
-			c.ctl.Done(loadOutcome(end.err))
-		}
+		attemptDone(c.ctl, end.err)
 		last = end.err
 		if end.err == nil {
 			c.outcome = OutcomeOK

@@ -171,29 +171,21 @@ func (c *Controller) acquire(ctx context.Context) (time.Duration, error) {
 // shown it is overloaded. It takes no lock.
 func (c *Controller) Pacing() bool { return c.pacing.Load() }
 
+// Answered is Done(Answered), cheap enough to inline: while calm it is one
+// atomic load and one atomic add.
+func (c *Controller) Answered() {
+	if !c.pacing.Load() {
+		c.ok.Add(1)
+	} else {
+		c.answeredPacing()
+	}
+}
+
 // Done reports how an attempt that Acquire let through ended.
 func (c *Controller) Done(o Outcome) {
 	switch o {
 	case Answered:
-		if !c.pacing.Load() {
-			c.ok.Add(1)
-		} else {
-			c.mu.Lock()
-			now := c.s.Now()
-			c.advanceLocked(now) // the answer belongs to the interval now
-			c.ok.Add(1)
-			switch {
-			case c.collapsed.Load():
-				c.restartLocked(now)
-			case c.slowStartLocked(now):
-				// Below what the server is known to take, each answer
-				// adds a token per interval: the rate doubles every round
-				// trip, as TCP's slow start does.
-				c.rate = min(c.rate+1, c.freeLocked())
-				c.serveLocked(now)
-			}
-			c.mu.Unlock()
-		}
+		c.Answered()
 	case Overloaded:
 		c.mu.Lock()
 		now := c.s.Now()
@@ -204,6 +196,26 @@ func (c *Controller) Done(o Outcome) {
 			c.beginLocked(now)
 		}
 		c.mu.Unlock()
+	}
+}
+
+// answeredPacing counts an answer while pacing: it may end a collapse, or
+// grow a slow start.
+func (c *Controller) answeredPacing() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.s.Now()
+	c.advanceLocked(now) // the answer belongs to the interval now
+	c.ok.Add(1)
+	switch {
+	case c.collapsed.Load():
+		c.restartLocked(now)
+	case c.slowStartLocked(now):
+		// Below what the server is known to take, each answer adds a
+		// token per interval: the rate doubles every round trip, as TCP's
+		// slow start does.
+		c.rate = min(c.rate+1, c.freeLocked())
+		c.serveLocked(now)
 	}
 }
 
