@@ -345,11 +345,10 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 func (c *Controller) restartLocked(now time.Time) {
 	c.collapsed.Store(false)
 	c.restarts++
-	c.rate = c.freeLocked()
+	c.rate, c.growAt = c.freeLocked(), now.Add(c.s.Hold)
 	if math.IsInf(c.rate, 1) {
-		c.rate = 2 // nothing known: a slow start
+		c.rate, c.growAt = 2, now // nothing known: a slow start, at once
 	}
-	c.growAt = now.Add(c.s.Hold)
 	c.serveLocked(now)
 }
 
@@ -366,8 +365,12 @@ func (c *Controller) freeLocked() float64 {
 // learnLocked raises what the server is known to sustain after an interval
 // in which it took ok attempts and refused none, once that is more than the
 // capacity it showed in this episode: the capacity has grown since.
+//
+// With nothing known the rate is in its slow start: answers then say only
+// that the server takes at least that many, which the slow start already
+// follows, and are not taken as what it sustains.
 func (c *Controller) learnLocked(ok float64) {
-	if ok > c.ceiling {
+	if ok > c.ceiling && (c.known > 0 || c.ceiling > 0) {
 		c.known = max(c.known, ok)
 	}
 }

@@ -3,6 +3,7 @@ package overload
 import (
 	"context"
 	"errors"
+	"math"
 	"runtime"
 	"slices"
 	"strings"
@@ -402,5 +403,26 @@ func TestShedding(t *testing.T) {
 	}
 	if st := c.State(); st.Waiting != 0 {
 		t.Errorf("waiting = %d after every waiter left", st.Waiting)
+	}
+}
+
+// Answers during a slow start (nothing known before) are not taken as what
+// the server sustains: the rate keeps growing, and nobody is shed on a
+// guess of the wait.
+func TestSlowStartLearnsNothing(t *testing.T) {
+	c, clk := newController(t, Settings{})
+	report(c, Overloaded, 20)
+	clk.Advance(DefaultInterval)
+	c.Done(Answered) // restart: a slow start at 2, then one more per answer
+	report(c, Answered, 9)
+	clk.Advance(DefaultInterval)
+	c.mu.Lock()
+	known, free := c.known, c.freeLocked()
+	c.mu.Unlock()
+	if known != 0 || !math.IsInf(free, 1) {
+		t.Errorf("after a slow start's interval: known %v, free %v; want 0 and +Inf", known, free)
+	}
+	if got := rateOf(c); got < 10 {
+		t.Errorf("rate %v after 10 answers from 2, want it grown by one per answer", got)
 	}
 }
