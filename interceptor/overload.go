@@ -37,16 +37,21 @@ type targetController struct {
 	ctl    *overload.Controller
 }
 
-// admit asks the target's controller (nil: none) to send attempt n. An
-// attempt held back is traced as a span of its own, like a backoff wait,
-// and the wait is measured. It returns nil when the attempt may go,
-// [overload.ErrShed] when it was shed, or the status error that matches
-// the context's when ctx ended while it waited.
-func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *overload.Controller, method string, n int) error {
+// admit asks the target's controller (nil: none) to send attempt n; back
+// puts a retry at the back of its line (see inLine). An attempt held back
+// is traced as a span of its own, like a backoff wait, and the wait is
+// measured. It returns nil when the attempt may go, [overload.ErrShed] when
+// it was shed, or the status error that matches the context's when ctx
+// ended while it waited.
+func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *overload.Controller, method string, n int, back bool) error {
 	if ctl == nil || !ctl.Pacing() {
 		return nil
 	}
-	held, err := ctl.Acquire(ctx)
+	acquire := ctl.Acquire
+	if back {
+		acquire = ctl.AcquireRetry
+	}
+	held, err := acquire(ctx)
 	if held <= 0 && err == nil {
 		return nil
 	}
@@ -61,6 +66,17 @@ func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *over
 		return status.FromContextError(err).Err()
 	}
 	return err
+}
+
+// inLine reports whether the retry that d decided, after an attempt that
+// ended with err, waits in the controller's line instead of its backoff:
+// the controller paces the target and the server refused the attempt for
+// load, without a pushback (whose wait is the server's own word). The
+// retry then waits behind every other attempt, so that under a lasting
+// overload fresh calls go first, and a retry goes as soon as the server
+// takes it, not a backoff later.
+func inLine(ctl *overload.Controller, d decision, err error) bool {
+	return ctl != nil && ctl.Pacing() && d.jitter != "pushback" && loadOutcome(err) == overload.Overloaded
 }
 
 // shedError is the error of a call whose attempt n was shed: the previous

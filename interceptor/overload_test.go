@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -213,5 +214,41 @@ func TestOverloadStopsHedges(t *testing.T) {
 	ctl.Done(overload.Overloaded)
 	if got := r.refusal(); got != "overload" {
 		t.Errorf("pacing: refusal %q, want overload", got)
+	}
+}
+
+// While the controller paces, a retry after a refusal for load waits in its
+// line, behind everyone, instead of a backoff: no backoff span, a held span
+// for the retry.
+func TestOverloadRetryWaitsInLine(t *testing.T) {
+	rec, tp := newRecorder()
+	_, c, _, _ := setup(t, fail(codes.Unavailable, codes.Unavailable, codes.Unavailable, codes.Unavailable, codes.OK),
+		WithoutBreaker(), WithTracerProvider(tp), WithOverloadControl(overload.Settings{MinFailures: 3}),
+		WithPolicy(policy.Policy{MaxAttempts: 2}))
+	one := CallPolicy(policy.Policy{MaxAttempts: 1})
+	for range 3 {
+		if err := call(t, c, one); status.Code(err) != codes.Unavailable {
+			t.Fatalf("scripted failure: %v", err)
+		}
+	}
+	rec.Reset()
+	if err := call(t, c); err != nil {
+		t.Fatalf("call retried in line: %v", err)
+	}
+	var held []int64
+	for _, s := range rec.Ended() {
+		switch s.Name() {
+		case SpanBackoff:
+			t.Error("a backoff span while the controller paces")
+		case SpanHeld:
+			for _, kv := range s.Attributes() {
+				if kv.Key == AttrAttempt {
+					held = append(held, kv.Value.AsInt64())
+				}
+			}
+		}
+	}
+	if !slices.Equal(held, []int64{1, 2}) {
+		t.Errorf("held spans for attempts %v, want [1 2]", held)
 	}
 }

@@ -71,8 +71,10 @@ type retryStream struct {
 	opts     []grpc.CallOption
 	limit    int
 	probe    bool
-	// ctl is the target's overload controller (nil: off).
-	ctl *overload.Controller
+	// ctl is the target's overload controller (nil: off); back puts the
+	// next attempt at the back of its line (see inLine).
+	ctl  *overload.Controller
+	back bool
 	// breaker is the stream's breaker (nil without one).
 	breaker *breaker.Breaker
 	// cancelTimeout releases the context of the policy's Timeout, if any.
@@ -259,7 +261,9 @@ func (s *retryStream) contextDone() {
 // or the error with which it ended already: it could not open, or it broke
 // during the replay.
 func (s *retryStream) startLocked() (*streamAttempt, error) {
-	if err := s.ic.admit(s.ctx, s.tracer, s.ctl, s.method, s.attempts+1); err != nil {
+	back := s.back
+	s.back = false
+	if err := s.ic.admit(s.ctx, s.tracer, s.ctl, s.method, s.attempts+1, back); err != nil {
 		return &streamAttempt{n: s.attempts + 1, notSent: err}, err
 	}
 	s.attempts++
@@ -386,10 +390,13 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 			s.outcome = d.outcome
 			return d.err
 		}
-		if perr := s.ic.pause(s.ctx, s.tracer, &s.bs, a.n+1, d); perr != nil {
-			s.outcome = contextOutcome(s.ctx.Err())
-			s.idleDeadline = true
-			return perr
+		s.back = inLine(s.ctl, d, end.err) // the controller's line replaces the backoff wait
+		if !s.back {
+			if perr := s.ic.pause(s.ctx, s.tracer, &s.bs, a.n+1, d); perr != nil {
+				s.outcome = contextOutcome(s.ctx.Err())
+				s.idleDeadline = true
+				return perr
+			}
 		}
 		if a, err = s.startLocked(); err == nil {
 			return nil

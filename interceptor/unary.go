@@ -174,7 +174,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 // attempt is simply that attempt).
 func (c *unaryCall) call(ctx context.Context, maxAttempts int) error {
 	if c.hedged && maxAttempts > 1 {
-		if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, 1); err != nil {
+		if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, 1, false); err != nil {
 			return c.notSent(ctx, 1, nil, err)
 		}
 		return c.hedge(ctx, maxAttempts)
@@ -216,9 +216,12 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	)
 	defer func() { c.buf.timer = bs.timer }()
 	bs.started()
-	var last error // the last attempt's error
+	var (
+		last error // the last attempt's error
+		back bool  // this attempt waits at the back of the controller's line
+	)
 	for attempt := 1; ; attempt++ {
-		if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, attempt); err != nil {
+		if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, attempt, back); err != nil {
 			return c.notSent(ctx, attempt, last, err)
 		}
 		c.attempts = attempt
@@ -247,6 +250,9 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		if !d.retry {
 			c.outcome = d.outcome
 			return d.err
+		}
+		if back = inLine(c.ctl, d, end.err); back {
+			continue
 		}
 		if err := c.ic.pause(ctx, c.tracer, &bs, attempt+1, d); err != nil {
 			c.outcome, c.idle = contextOutcome(ctx.Err()), true

@@ -12,8 +12,8 @@
 // token, and tokens come at a rate that follows what the server takes.
 // Independent failures below the ratio are not overload and change nothing.
 //
-//   - An interval in which at least a tenth of the answers were refusals
-//     ends in probing: one attempt per interval, so that a server that
+//   - An interval in which at least FailureRatio of the answers were
+//     refusals ends in probing: one attempt per interval, so that a server that
 //     stays down while it is hit (the metastable case) gets its calm. If
 //     the server took some attempts in that interval, their number is the
 //     capacity it showed.
@@ -21,7 +21,9 @@
 //     known to take: the throughput it sustained before the overload, or
 //     Headroom of the capacity it showed; with nothing known, a slow start
 //     that adds a token per answer.
-//   - Without refusals, the rate rises while attempts wait: to what is
+//   - An interval with fewer refusals brings the rate down to Headroom of
+//     what the server took, if it was above. Without refusals, the rate
+//     rises while attempts wait: to what is
 //     known at once, past it by a quarter per Hold, but never past a
 //     capacity the server showed in this episode unless it has since taken
 //     more. Intervals with no refusals raise what is known.
@@ -39,6 +41,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,15 +119,29 @@ func New(s Settings) (*Controller, error) {
 // Acquire asks leave to send one attempt, and returns how long the attempt
 // was held back. While the server is calm it returns at once. While pacing
 // it waits for a token, newest first, until ctx ends (its error is
-// returned) or the controller sheds the attempt ([ErrShed]).
+// returned) or the controller sheds the attempt ([ErrShed]). Only an
+// attempt with a deadline can be shed: one without waits as long as the
+// overload lasts, or until ctx is cancelled.
 func (c *Controller) Acquire(ctx context.Context) (time.Duration, error) {
 	if !c.pacing.Load() {
 		return 0, nil
 	}
-	return c.acquire(ctx)
+	return c.acquire(ctx, false)
 }
 
-func (c *Controller) acquire(ctx context.Context) (time.Duration, error) {
+// AcquireRetry is Acquire for the retry of an attempt the server refused
+// for load while the controller paces: instead of a backoff wait, the retry
+// waits at the back of the line, behind every attempt already waiting and
+// every one that comes later. Under a lasting overload fresh calls go
+// first; once the overload passes, the line drains and the retry goes.
+func (c *Controller) AcquireRetry(ctx context.Context) (time.Duration, error) {
+	if !c.pacing.Load() {
+		return 0, nil
+	}
+	return c.acquire(ctx, true)
+}
+
+func (c *Controller) acquire(ctx context.Context, back bool) (time.Duration, error) {
 	c.mu.Lock()
 	now := c.s.Now()
 	c.advanceLocked(now)
@@ -133,7 +150,7 @@ func (c *Controller) acquire(ctx context.Context) (time.Duration, error) {
 		return 0, nil
 	}
 	c.arrived++
-	if len(c.line) == 0 && c.tokens >= 1 {
+	if len(c.line) == 0 && c.tokens >= 1 { // nobody waits: back or front is the same
 		c.tokens--
 		c.mu.Unlock()
 		return 0, nil
@@ -143,7 +160,11 @@ func (c *Controller) acquire(ctx context.Context) (time.Duration, error) {
 	if d, ok := ctx.Deadline(); ok {
 		w.deadline = d
 	}
-	c.line = append(c.line, w)
+	if back {
+		c.line = slices.Insert(c.line, 0, w)
+	} else {
+		c.line = append(c.line, w)
+	}
 	c.serveLocked(now)
 	c.mu.Unlock()
 
@@ -296,7 +317,7 @@ func (c *Controller) advanceLocked(now time.Time) {
 // server answered ok attempts and refused c.fail.
 func (c *Controller) closeLocked(ok float64, now time.Time) {
 	fail := float64(c.fail)
-	overloaded := fail > 0 && fail*10 >= ok+fail
+	overloaded := fail > 0 && fail >= c.s.FailureRatio*(ok+fail)
 	waited := c.waited || len(c.line) > 0
 	c.lastIn = c.arrived
 	c.arrived, c.fail, c.waited = 0, 0, false
@@ -314,6 +335,12 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 		c.rate, c.quiet = 1, 0
 	case c.collapsed.Load():
 		// Still waiting for a probe's answer.
+	case fail > 0:
+		// Some refusals, fewer than FailureRatio: the server took ok, so
+		// the rate comes down to Headroom of that if it was above; it
+		// neither grows nor learns.
+		c.rate = max(1, min(c.rate, c.s.Headroom*ok))
+		c.quiet = 0
 	case waited:
 		c.learnLocked(ok)
 		c.quiet = 0
@@ -480,11 +507,7 @@ func (c *Controller) shedLocked(now time.Time) {
 }
 
 func (c *Controller) removeLocked(w *waiter) {
-	for i, x := range c.line {
-		if x == w {
-			c.line = append(c.line[:i], c.line[i+1:]...)
-			c.line[len(c.line):cap(c.line)][0] = nil
-			return
-		}
+	if i := slices.Index(c.line, w); i >= 0 {
+		c.line = slices.Delete(c.line, i, i+1)
 	}
 }

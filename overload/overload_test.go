@@ -180,7 +180,7 @@ func TestCalmPathIsFree(t *testing.T) {
 		if _, err := c.Acquire(ctx); err != nil {
 			t.Fatal(err)
 		}
-		c.Done(Answered)
+		c.Answered()
 	})
 	if allocs != 0 {
 		t.Errorf("allocs per calm attempt = %v, want 0", allocs)
@@ -198,6 +198,17 @@ func acquireAsync(ctx context.Context, c *Controller, id int, out chan<- grant) 
 		_, err := c.Acquire(ctx)
 		out <- grant{id, err}
 	}()
+}
+
+// answerProbe sends a probe, which must go at once, and answers it.
+func answerProbe(t *testing.T, c *Controller) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if d, err := c.Acquire(ctx); d != 0 || err != nil {
+		t.Fatalf("probe: held %v, %v", d, err)
+	}
+	c.Done(Answered)
 }
 
 // A herd over a server that takes 20 per interval and then stays down:
@@ -270,7 +281,7 @@ func TestRestartsAndGrowth(t *testing.T) {
 	if got := rateOf(c); got != 1 {
 		t.Fatalf("collapsed rate = %v, want 1", got)
 	}
-	c.Done(Answered)
+	answerProbe(t, c)
 	if got := rateOf(c); got != 60 {
 		t.Fatalf("first restart at %v per interval, want the sustained 60", got)
 	}
@@ -281,7 +292,7 @@ func TestRestartsAndGrowth(t *testing.T) {
 	if got := rateOf(c); got != 1 {
 		t.Fatalf("rate after a refused interval = %v, want 1", got)
 	}
-	c.Done(Answered)
+	answerProbe(t, c)
 	if got := rateOf(c); got != 60 {
 		t.Fatalf("second restart at %v, want the sustained 60", got)
 	}
@@ -305,7 +316,7 @@ func TestMeasuredCapacityBounds(t *testing.T) {
 	report(c, Answered, 20)
 	report(c, Overloaded, 980)
 	clk.Advance(DefaultInterval)
-	c.Done(Answered)
+	answerProbe(t, c)
 	if got := rateOf(c); got != 18 {
 		t.Fatalf("restart at %v, want 18", got)
 	}
@@ -334,7 +345,7 @@ func TestRestartWithNothingKnown(t *testing.T) {
 	c, clk := newController(t, Settings{})
 	report(c, Overloaded, 20)
 	clk.Advance(DefaultInterval)
-	c.Done(Answered)
+	answerProbe(t, c)
 	if got := rateOf(c); got != 2 {
 		t.Fatalf("restart = %v per interval, want a slow start at 2", got)
 	}
@@ -343,7 +354,7 @@ func TestRestartWithNothingKnown(t *testing.T) {
 func TestPacingEnds(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
 	clk.Advance(DefaultInterval)
-	c.Done(Answered)
+	answerProbe(t, c)
 	for i := range DefaultCalm {
 		if !c.State().Pacing {
 			t.Fatalf("pacing ended after %d calm intervals, want %d", i, DefaultCalm)
@@ -413,7 +424,7 @@ func TestSlowStartLearnsNothing(t *testing.T) {
 	c, clk := newController(t, Settings{})
 	report(c, Overloaded, 20)
 	clk.Advance(DefaultInterval)
-	c.Done(Answered) // restart: a slow start at 2, then one more per answer
+	answerProbe(t, c) // restart: a slow start at 2, then one more per answer
 	report(c, Answered, 9)
 	clk.Advance(DefaultInterval)
 	c.mu.Lock()
@@ -424,5 +435,52 @@ func TestSlowStartLearnsNothing(t *testing.T) {
 	}
 	if got := rateOf(c); got < 10 {
 		t.Errorf("rate %v after 10 answers from 2, want it grown by one per answer", got)
+	}
+}
+
+// A retry waits behind every waiter, even those that come after it.
+func TestRetryWaitsAtTheBack(t *testing.T) {
+	c, clk := newController(t, Settings{})
+	report(c, Overloaded, 20)
+	clk.Advance(DefaultInterval) // collapsed: one probe per interval
+	// The probe.
+	if _, err := c.Acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan grant, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_, err := c.AcquireRetry(ctx)
+		out <- grant{0, err}
+	}()
+	waitLine(t, c, 1)
+	acquireAsync(ctx, c, 1, out)
+	waitLine(t, c, 2)
+	acquireAsync(ctx, c, 2, out)
+	waitLine(t, c, 3)
+	for _, want := range []int{2, 1, 0} {
+		clk.Advance(DefaultInterval)
+		if g := <-out; g.id != want || g.err != nil {
+			t.Fatalf("served %+v, want %d", g, want)
+		}
+	}
+}
+
+// Refusals below the ratio bring the rate down to Headroom of what the
+// server took, and stop its growth; none of it is probing.
+func TestFewRefusalsBringTheRateDown(t *testing.T) {
+	c, clk := calmThenFail(t, 60)
+	clk.Advance(DefaultInterval)
+	answerProbe(t, c) // restart at 60
+	markWaited(c)
+	report(c, Answered, 49) // and the probe's answer: 50
+	report(c, Overloaded, 10)
+	clk.Advance(DefaultInterval)
+	if got := rateOf(c); got != 45 {
+		t.Fatalf("rate = %v, want 90 %% of the 50 taken", got)
+	}
+	if c.State().Waiting != 0 || c.collapsed.Load() {
+		t.Fatal("few refusals started probing")
 	}
 }
