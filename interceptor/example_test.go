@@ -16,11 +16,13 @@ import (
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/overload"
 	"github.com/herdguard/herdguard/policy"
 )
 
 // A client with herdguard's defaults: retries with full jitter inside a
-// per-target circuit breaker, traced to the global provider.
+// per-target circuit breaker, an overload controller per target that paces
+// attempts once the server shows overload, traced to the global provider.
 func Example() {
 	ic, err := interceptor.New()
 	if err != nil {
@@ -187,4 +189,25 @@ func ExampleWithServiceConfig_hedging() {
 	// Output:
 	// true <nil>
 	// interceptor: WithServiceConfig: policy: service config: methodConfig[0].hedgingPolicy.nonFatalStatusCodes[0] = "unavailable": want an upper-case name such as "UNAVAILABLE" or a number from 0 to 16, as gRPC reads it: invalid code: "\"unavailable\""
+}
+
+// The overload controller is on by default. Tune it, for a server whose
+// refusals come in larger numbers before they mean overload, or turn it
+// off; a call it shed ends with OutcomeShed.
+func ExampleWithOverloadControl() {
+	ic, err := interceptor.New(interceptor.WithOverloadControl(overload.Settings{
+		Interval:    250 * time.Millisecond,
+		MinFailures: 50,
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = ic
+	// ... a call through ic fails with:
+	err = &interceptor.RetryError{Attempts: 1, Outcome: interceptor.OutcomeShed, Err: status.Error(codes.Unavailable, "down")}
+	var re *interceptor.RetryError
+	if errors.As(err, &re) && re.Outcome == interceptor.OutcomeShed {
+		fmt.Println("shed by the overload controller, last status:", status.Code(err))
+	}
+	// Output: shed by the overload controller, last status: Unavailable
 }

@@ -252,3 +252,31 @@ func TestOverloadRetryWaitsInLine(t *testing.T) {
 		t.Errorf("held spans for attempts %v, want [1 2]", held)
 	}
 }
+
+// The controller's state is in the metrics: its pace while it paces, its
+// line, and the attempts it delayed.
+func TestOverloadMetrics(t *testing.T) {
+	mrec, mp := newMetrics()
+	_, c, _ := overloaded(t, 3, WithMeterProvider(mp))
+	rate, ok := collect(t, mrec, MetricOverloadRate).(metricdata.Gauge[float64])
+	if !ok || len(rate.DataPoints) != 1 || rate.DataPoints[0].Value != 10 {
+		t.Fatalf("%s = %+v, want one target at one probe per 100ms (10/s)", MetricOverloadRate, rate)
+	}
+	if v, _ := rate.DataPoints[0].Attributes.Value(AttrTarget); v.AsString() != testserver.Target {
+		t.Errorf("rate's target = %q, want %q", v.AsString(), testserver.Target)
+	}
+	if err := call(t, c); err != nil { // held for the probe
+		t.Fatal(err)
+	}
+	delayed, ok := collect(t, mrec, MetricOverloadDelayed).(metricdata.Sum[int64])
+	if !ok || len(delayed.DataPoints) != 1 || delayed.DataPoints[0].Value != 1 {
+		t.Errorf("%s = %+v, want 1", MetricOverloadDelayed, delayed)
+	}
+	waiting, ok := collect(t, mrec, MetricOverloadWaiting).(metricdata.Gauge[int64])
+	if !ok || len(waiting.DataPoints) != 1 || waiting.DataPoints[0].Value != 0 {
+		t.Errorf("%s = %+v, want 0", MetricOverloadWaiting, waiting)
+	}
+	if shed, ok := collect(t, mrec, MetricOverloadShed).(metricdata.Sum[int64]); !ok || len(shed.DataPoints) != 1 || shed.DataPoints[0].Value != 0 {
+		t.Errorf("%s = %+v, want 0", MetricOverloadShed, shed)
+	}
+}

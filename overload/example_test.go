@@ -1,0 +1,39 @@
+package overload_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/herdguard/herdguard/overload"
+)
+
+// A controller per target: ask before each attempt, report how it ended.
+// While the server answers nothing waits; once refusals for load dominate
+// an interval, attempts are paced.
+func Example() {
+	ctl, err := overload.New(overload.Settings{}) // every default
+	if err != nil {
+		panic(err) // a bad setting is an error that names it
+	}
+	send := func(refused bool) {
+		if _, err := ctl.Acquire(context.Background()); err != nil {
+			return // shed, or the context ended: nothing was sent
+		}
+		if refused { // Unavailable, ResourceExhausted, an attempt timed out
+			ctl.Done(overload.Overloaded)
+		} else { // any answer, errors included
+			ctl.Answered()
+		}
+	}
+	for range 10 {
+		send(false)
+	}
+	fmt.Println("pacing after answers:", ctl.Pacing())
+	for range overload.DefaultMinFailures {
+		send(true)
+	}
+	fmt.Println("pacing after a burst of refusals:", ctl.Pacing())
+	// Output:
+	// pacing after answers: false
+	// pacing after a burst of refusals: true
+}
