@@ -85,7 +85,9 @@ func BenchmarkUnaryFailurePathAlone(b *testing.B) {
 		}
 	})
 	b.Run("herdguard", func(b *testing.B) {
-		ic, _ := New(WithTracerProvider(noop.NewTracerProvider()),
+		// Two attempts in three refused: the overload controller would
+		// pace them; this measures the retries.
+		ic, _ := New(WithTracerProvider(noop.NewTracerProvider()), WithoutOverloadControl(),
 			WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: 1, MaxBackoff: 1}))
 		u, inv := ic.Unary(), newInvoker()
 		b.ReportAllocs()

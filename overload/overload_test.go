@@ -173,7 +173,7 @@ func TestDetectionPerInterval(t *testing.T) {
 	}
 }
 
-func TestCalmPathIsFree(t *testing.T) {
+func TestCalmPathAllocatesNothing(t *testing.T) {
 	c, _ := newController(t, Settings{})
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(1000, func() {
