@@ -73,8 +73,9 @@ type retryStream struct {
 	probe    bool
 	// ctl is the target's overload controller (nil: off); back puts the
 	// next attempt at the back of its line (see inLine).
-	ctl  *overload.Controller
-	back bool
+	ctl     *overload.Controller
+	back    bool
+	skipped decision // the backoff wait a retry in line skipped
 	// breaker is the stream's breaker (nil without one).
 	breaker *breaker.Breaker
 	// cancelTimeout releases the context of the policy's Timeout, if any.
@@ -263,6 +264,15 @@ func (s *retryStream) contextDone() {
 func (s *retryStream) startLocked() (*streamAttempt, error) {
 	back := s.back
 	s.back = false
+	if back && !s.ctl.Pacing() {
+		// The overload passed since: the retry waits as the policy says,
+		// never not at all.
+		back = false
+		if err := s.ic.pause(s.ctx, s.tracer, &s.bs, s.attempts+1, s.skipped); err != nil {
+			s.idleDeadline = true
+			return &streamAttempt{n: s.attempts + 1, notSent: err}, err
+		}
+	}
 	if err := s.ic.admit(s.ctx, s.tracer, s.ctl, s.method, s.attempts+1, back); err != nil {
 		return &streamAttempt{n: s.attempts + 1, notSent: err}, err
 	}
@@ -390,7 +400,7 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 			s.outcome = d.outcome
 			return d.err
 		}
-		s.back = inLine(s.ctl, d, end.err) // the controller's line replaces the backoff wait
+		s.back, s.skipped = inLine(s.ctl, d, end.err), d // the controller's line replaces the backoff wait
 		if !s.back {
 			if perr := s.ic.pause(s.ctx, s.tracer, &s.bs, a.n+1, d); perr != nil {
 				s.outcome = contextOutcome(s.ctx.Err())

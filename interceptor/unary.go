@@ -217,10 +217,20 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	defer func() { c.buf.timer = bs.timer }()
 	bs.started()
 	var (
-		last error // the last attempt's error
-		back bool  // this attempt waits at the back of the controller's line
+		last    error    // the last attempt's error
+		back    bool     // this attempt waits at the back of the controller's line
+		skipped decision // the backoff it skipped
 	)
 	for attempt := 1; ; attempt++ {
+		if back && !c.ctl.Pacing() {
+			// The overload passed since: the retry waits as the policy
+			// says, never not at all.
+			back = false
+			if err := c.ic.pause(ctx, c.tracer, &bs, attempt, skipped); err != nil {
+				c.outcome, c.idle = contextOutcome(ctx.Err()), true
+				return err
+			}
+		}
 		if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, attempt, back); err != nil {
 			return c.notSent(ctx, attempt, last, err)
 		}
@@ -252,6 +262,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 			return d.err
 		}
 		if back = inLine(c.ctl, d, end.err); back {
+			skipped = d
 			continue
 		}
 		if err := c.ic.pause(ctx, c.tracer, &bs, attempt+1, d); err != nil {

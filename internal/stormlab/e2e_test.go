@@ -79,18 +79,29 @@ func TestPublishedScenarioShapes(t *testing.T) {
 	}
 }
 
-func TestOverloadScenarioShapes(t *testing.T) {
+// TestTimingOverloadScenarioShapes counts arrivals in 100 ms windows
+// against a server that takes 40 of them: the race detector's jitter
+// overshoots such windows now and then, and a client that paces its
+// attempts at 90 % of that capacity is the first to show it. make test runs
+// it without -race.
+func TestTimingOverloadScenarioShapes(t *testing.T) {
+	if raceEnabled {
+		t.Skip("counts arrivals in 100 ms windows, which the race detector blurs; make test runs it without -race")
+	}
 	sc := Overload()
 	sc.Calls = 500
 	sc.Faults.Capacity = 40 // the same share of the herd as 80 of 1000
-	rs := runStrategies(t, sc, e2eScale, "exponential", "herdguard defaults", "herdguard + budget", "single attempt", "hedging at p95")
+	rs := runStrategies(t, sc, 1, "exponential", "herdguard defaults", "herdguard + budget", "single attempt", "hedging at p95")
 	exp, hg, bud := rs["exponential"], rs["herdguard defaults"], rs["herdguard + budget"]
 	// Hedging on ends no worse than hedging off: no fewer calls through, no
 	// more attempts, no longer overload. Calls through are compared to one
 	// capacity window: a herd that happens to straddle two windows gets up
-	// to twice the capacity through, whatever the strategy.
+	// to twice the capacity through, whatever the strategy. Attempts are
+	// compared to one per call: the overload controller may hold back some
+	// of the herd's first attempts, more or fewer from run to run, for
+	// either strategy.
 	single, hedged := rs["single attempt"], rs["hedging at p95"]
-	if hedged.Succeeded < single.Succeeded-sc.Faults.Capacity || hedged.Stats.Attempts > single.Stats.Attempts*105/100 ||
+	if hedged.Succeeded < single.Succeeded-sc.Faults.Capacity || hedged.Stats.Attempts > max(single.Stats.Attempts, int64(sc.Calls))*105/100 ||
 		hedged.Stats.OverloadedMs > single.Stats.OverloadedMs*5/4+int64(e2eOverloadSlackMS) {
 		t.Errorf("hedging at p95: ok %d, %d attempts, overloaded %d ms; a single attempt: ok %d, %d attempts, %d ms: want no worse",
 			hedged.Succeeded, hedged.Stats.Attempts, hedged.Stats.OverloadedMs, single.Succeeded, single.Stats.Attempts, single.Stats.OverloadedMs)
