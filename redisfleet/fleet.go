@@ -416,9 +416,11 @@ func (f *Fleet) lose(err error) {
 		}
 	}
 	f.mu.Unlock()
-	f.metrics.lost.Add(context.Background(), 1)
+	// Logged before it is counted, so that whoever sees the count finds the
+	// line.
 	f.log.Warn("redisfleet: Redis cannot be reached; each replica's own breakers decide until it answers again",
 		"channel", f.channel, "error", err)
+	f.metrics.lost.Add(context.Background(), 1)
 }
 
 func (f *Fleet) isLost() bool {
