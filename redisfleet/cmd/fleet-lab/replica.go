@@ -79,7 +79,9 @@ func replicaMain(args []string, out io.Writer) error {
 	}
 	ctx := context.Background()
 
-	s := breaker.Settings{ConsecutiveFailures: uint32(f.consecutiveFail), OpenTimeout: f.openTimeout}
+	// The lab compares breakers: open periods of a fixed length, as the
+	// fleet's shared breaker in Redis keeps them.
+	s := breaker.Settings{ConsecutiveFailures: uint32(f.consecutiveFail), OpenTimeout: f.openTimeout, MaxOpenTimeout: f.openTimeout}
 	if f.redis != "" {
 		rc := redis.NewClient(&redis.Options{Addr: f.redis, ContextTimeoutEnabled: true,
 			DialTimeout: 100 * time.Millisecond, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond,
@@ -103,7 +105,10 @@ func replicaMain(args []string, out io.Writer) error {
 	defer tp.Shutdown(ctx)
 	p := policy.Default()
 	p.MaxAttempts, p.InitialBackoff = f.attempts, f.base
-	ic, err := interceptor.New(interceptor.WithPolicy(p), interceptor.WithBreaker(s), interceptor.WithTracerProvider(tp))
+	// The breakers alone: the overload controller, on by default, would
+	// pace each replica's attempts to the dead backend by itself.
+	ic, err := interceptor.New(interceptor.WithPolicy(p), interceptor.WithBreaker(s), interceptor.WithoutOverloadControl(),
+		interceptor.WithTracerProvider(tp))
 	if err != nil {
 		return err
 	}
