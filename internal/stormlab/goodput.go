@@ -102,21 +102,7 @@ var chartColors = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"
 // A section with no steady-load result draws nothing; with none at all the
 // file is an empty chart.
 func WriteGoodputSVG(w io.Writer, sections []SVGSection) error {
-	var parts []string
-	height, width := 0, 0
-	for _, s := range sections {
-		rs := steadyOnly(s.Results)
-		if len(rs) == 0 {
-			continue
-		}
-		body, h, wd := goodputSection(s.Title, rs, height)
-		parts = append(parts, body)
-		height += h
-		width = max(width, wd)
-	}
-	_, err := fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n"+
-		`<rect width="100%%" height="100%%" fill="white"/>`+"\n%s</svg>\n", width, height, strings.Join(parts, ""))
-	return err
+	return writeStacked(w, sections, steadyOnly, goodputSection)
 }
 
 // goodputSection draws one chart of rs (not empty, all steady) from y0; it

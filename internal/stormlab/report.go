@@ -174,13 +174,22 @@ type SVGSection struct {
 // WriteHistograms writes nothing for no results; with none at all the file
 // is an empty chart.
 func WriteSVG(w io.Writer, sections []SVGSection) error {
+	return writeStacked(w, sections, func(rs []Result) []Result { return rs }, svgSection)
+}
+
+// writeStacked writes one SVG file of the sections drawn by draw one above
+// the other, each from the results keep leaves of it; a section left with
+// none draws nothing.
+func writeStacked(w io.Writer, sections []SVGSection, keep func([]Result) []Result,
+	draw func(title string, rs []Result, y0 int) (body string, height, width int)) error {
 	var parts []string
 	height, width := 0, 0
 	for _, s := range sections {
-		if len(s.Results) == 0 {
+		rs := keep(s.Results)
+		if len(rs) == 0 {
 			continue
 		}
-		body, h, wd := svgSection(s.Title, s.Results, height)
+		body, h, wd := draw(s.Title, rs, height)
 		parts = append(parts, body)
 		height += h
 		width = max(width, wd)
