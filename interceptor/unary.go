@@ -39,6 +39,9 @@ type attemptBuffer struct {
 	trailer metadata.MD
 	peer    peer.Peer // set when the attempt reached a server (WithIdempotentOnly)
 	timer   timer     // made on the first wait, then reset
+	// skipped is the backoff wait a retry skipped to wait in the overload
+	// controller's line (see inLine); set whenever it is read.
+	skipped decision
 }
 
 // catchers is how many options at the end of attemptBuffer.opts catch the
@@ -217,16 +220,15 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	defer func() { c.buf.timer = bs.timer }()
 	bs.started()
 	var (
-		last    error    // the last attempt's error
-		back    bool     // this attempt waits at the back of the controller's line
-		skipped decision // the backoff it skipped
+		last error // the last attempt's error
+		back bool  // this attempt waits at the back of the controller's line
 	)
 	for attempt := 1; ; attempt++ {
 		if back && !c.ctl.Pacing() {
 			// The overload passed since: the retry waits as the policy
 			// says, never not at all.
 			back = false
-			if err := c.ic.pause(ctx, c.tracer, &bs, attempt, skipped); err != nil {
+			if err := c.ic.pause(ctx, c.tracer, &bs, attempt, c.buf.skipped); err != nil {
 				c.outcome, c.idle = contextOutcome(ctx.Err()), true
 				return err
 			}
@@ -262,7 +264,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 			return d.err
 		}
 		if back = inLine(c.ctl, d, end.err); back {
-			skipped = d
+			c.buf.skipped = d
 			continue
 		}
 		if err := c.ic.pause(ctx, c.tracer, &bs, attempt+1, d); err != nil {

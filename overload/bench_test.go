@@ -1,0 +1,23 @@
+package overload
+
+import (
+	"context"
+	"testing"
+)
+
+// BenchmarkCalmAttempt is what a calm target's attempt costs: Acquire
+// before, Answered after.
+func BenchmarkCalmAttempt(b *testing.B) {
+	c, err := New(Settings{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.Acquire(ctx); err != nil {
+			b.Fatal(err)
+		}
+		c.Answered()
+	}
+}
