@@ -117,7 +117,7 @@ bench: $(BIN)/benchstat ## Run the benchmarks (5 times each), the storm table an
 	  echo "Medians of $(BENCH_COUNT) runs (benchstat). A whole call over bufconn varies 15-40 % between runs here: compare"; \
 	  echo "its allocations; compare time where the interceptor runs alone (an invoker that does nothing)."; echo; \
 	  echo "## Side by side with the peers (module bench/)"; echo; echo '```'; cat $(BENCH_OUT)/peers-summary.txt; echo '```'; echo; \
-	  echo "## The storm: the load-dependent overload, at scale 1/2"; echo; echo '```'; cat $(BENCH_OUT)/storm.txt; echo '```'; echo; \
+	  echo "## The storm table: the herds and the brownouts through the peers, at scale 1/2, one run each"; echo; echo '```'; cat $(BENCH_OUT)/storm.txt; echo '```'; echo; \
 	  echo "## Hedging: slow attempts (1 in 100 takes 1 s)"; echo; echo '```'; cat $(BENCH_OUT)/hedge.txt; echo '```'; echo; \
 	  echo "## One breaker for the fleet (module redisfleet, a real Redis)"; echo; echo '```'; cat $(BENCH_OUT)/fleet-summary.txt; echo; cat $(BENCH_OUT)/fleet-lab.txt; echo '```'; echo; \
 	  echo "## herdguard's own benchmarks"; echo; echo '```'; cat $(BENCH_OUT)/core-summary.txt; echo '```'; \
