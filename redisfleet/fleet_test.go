@@ -209,8 +209,11 @@ func failures(t testing.TB, addr string) int {
 func suspect(t testing.TB, addr string) bool { return failures(t, addr) > 0 }
 
 func TestOneProbeAcrossTheFleet(t *testing.T) {
+	// Fixed open periods, as the fleet's shared breaker keeps them: a
+	// replica's own breaker would otherwise double its period after the
+	// failed probe and refuse round 1 by itself.
 	srv := redistest.Start(t)
-	s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 300 * time.Millisecond}
+	s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 300 * time.Millisecond, MaxOpenTimeout: 300 * time.Millisecond}
 	var fleet []*replica
 	for range 6 {
 		fleet = append(fleet, newReplica(t, srv.Addr, s, redisfleet.Options{}))
@@ -273,7 +276,7 @@ func TestOneProbeAcrossTheFleet(t *testing.T) {
 
 func TestAProbeLeaseLapses(t *testing.T) {
 	srv := redistest.Start(t)
-	s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 200 * time.Millisecond}
+	s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 200 * time.Millisecond, MaxOpenTimeout: 200 * time.Millisecond}
 	a := newReplica(t, srv.Addr, s, redisfleet.Options{})
 	b := newReplica(t, srv.Addr, s, redisfleet.Options{})
 	a.call(herdguard.Failure)
@@ -301,7 +304,7 @@ func TestAProbeLeaseLapses(t *testing.T) {
 // probing since does.
 func TestALapsedLeaseCountsForNothing(t *testing.T) {
 	srv := redistest.Start(t)
-	s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 200 * time.Millisecond}
+	s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 200 * time.Millisecond, MaxOpenTimeout: 200 * time.Millisecond}
 	a := newReplica(t, srv.Addr, s, redisfleet.Options{})
 	b := newReplica(t, srv.Addr, s, redisfleet.Options{})
 	a.call(herdguard.Failure)
@@ -393,7 +396,7 @@ func TestRedisKilledFallsBackAndRejoins(t *testing.T) {
 
 func TestSlowRedisNeverHoldsACall(t *testing.T) {
 	srv := redistest.Start(t)
-	s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 100 * time.Millisecond}
+	s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 100 * time.Millisecond, MaxOpenTimeout: 100 * time.Millisecond}
 	a := newReplica(t, srv.Addr, s, redisfleet.Options{Timeout: 50 * time.Millisecond})
 	a.call(herdguard.Failure)
 	eventually(t, "the fleet opens", func() bool { return fleetState(a) == breaker.Open })
@@ -422,7 +425,7 @@ func TestSlowRedisNeverHoldsACall(t *testing.T) {
 
 func TestStateOfADeadReplicaExpires(t *testing.T) {
 	srv := redistest.Start(t)
-	s := breaker.Settings{ConsecutiveFailures: 5, OpenTimeout: 100 * time.Millisecond}
+	s := breaker.Settings{ConsecutiveFailures: 5, OpenTimeout: 100 * time.Millisecond, MaxOpenTimeout: 100 * time.Millisecond}
 	a := newReplica(t, srv.Addr, s, redisfleet.Options{TTL: 300 * time.Millisecond})
 	a.call(herdguard.Failure)
 	eventually(t, "the failure is counted", func() bool { return suspect(t, srv.Addr) })
