@@ -42,7 +42,7 @@ type Interceptor struct {
 	// overload is the overload controllers' settings (nil: off), and
 	// controllers holds each target's.
 	overload       *overload.Settings
-	controllers    cow.Map[string, *overload.Controller]
+	controllers    cow.Map[string, *targetController]
 	lastController atomic.Pointer[targetController]
 
 	idempotencyKey string
@@ -198,7 +198,7 @@ func New(opts ...Option) (*Interceptor, error) {
 		ic.breakers = g
 		ic.classify = settings.Verdict
 	}
-	ic.metering.init(c.mp, ic.breakers, &ic.controllers)
+	ic.metering.init(c.mp, ic.breakers, ic.eachController)
 	return ic, nil
 }
 

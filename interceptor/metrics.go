@@ -73,7 +73,7 @@ type callKey struct {
 	outcome Outcome
 }
 
-func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group, controllers *cow.Map[string, *overload.Controller]) {
+func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group, controllers func(func(string, *overload.Controller))) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
@@ -136,7 +136,7 @@ func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group, contro
 // initOverload registers the overload controllers' state: each target's
 // rate (0 while calm), its waiting line, and the attempts it delayed and
 // shed so far.
-func (m *metering) initOverload(meter metric.Meter, controllers *cow.Map[string, *overload.Controller]) error {
+func (m *metering) initOverload(meter metric.Meter, controllers func(func(string, *overload.Controller))) error {
 	rate, err := meter.Float64ObservableGauge(MetricOverloadRate, metric.WithUnit("{attempt}/s"),
 		metric.WithDescription("The overload controller's pace per target while it paces attempts; 0 while the target is calm."))
 	if err != nil {
@@ -158,7 +158,7 @@ func (m *metering) initOverload(meter metric.Meter, controllers *cow.Map[string,
 		return err
 	}
 	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		controllers.Range(func(target string, c *overload.Controller) {
+		controllers(func(target string, c *overload.Controller) {
 			st := c.State()
 			attrs := metric.WithAttributes(AttrTarget.String(target))
 			o.ObserveFloat64(rate, st.Rate, attrs)

@@ -23,12 +23,17 @@ func (ic *Interceptor) controllerFor(target string) *overload.Controller {
 	if last := ic.lastController.Load(); last != nil && last.target == target {
 		return last.ctl
 	}
-	ctl := ic.controllers.Get(target, func() *overload.Controller {
+	tc := ic.controllers.Get(target, func() *targetController {
 		c, _ := overload.New(*ic.overload) // validated in New
-		return c
+		return &targetController{target, c}
 	})
-	ic.lastController.Store(&targetController{target, ctl})
-	return ctl
+	ic.lastController.Store(tc) // no allocation: an interceptor that alternates targets pays the map only
+	return tc.ctl
+}
+
+// eachController calls fn with every target's overload controller.
+func (ic *Interceptor) eachController(fn func(target string, c *overload.Controller)) {
+	ic.controllers.Range(func(target string, tc *targetController) { fn(target, tc.ctl) })
 }
 
 // targetController is a target's overload controller.
