@@ -21,10 +21,19 @@
 //     known to take: the throughput it sustained before the overload, or
 //     Headroom of the capacity it showed; with nothing known, a slow start
 //     that adds a token per answer.
+//   - A collapse under a rate the controller chose (not a probe's) says
+//     that rate is too much for now: what the server is known to take
+//     comes down to Headroom of the attempts sent in that interval, and
+//     every such setback after the first in an episode doubles the hold
+//     below (up to 16 Hold). Without it a rate learned on the way up would
+//     be tried again after every restart, collapsing a server that stays
+//     down while it is hit each time: the client's own metastable loop.
 //   - An interval with fewer refusals brings the rate down to Headroom of
 //     what the server took, if it was above. Without refusals, the rate
-//     rises while attempts wait: to what is
-//     known at once, past it by a quarter per Hold, but never past a
+//     rises while attempts wait: to what is known at once; after a hold,
+//     back to what the server sustained before this episode (a cut
+//     capacity may have returned); past that by a quarter per Hold, to at
+//     most a quarter above the attempts that come, and never past a
 //     capacity the server showed in this episode unless it has since taken
 //     more. Intervals with no refusals raise what is known.
 //   - Calm intervals in a row (no refusal, nobody waiting, attempts below
@@ -33,8 +42,9 @@
 // Waiting attempts form a line served newest first: under overload the
 // newest caller is the one most likely to still want the answer, and an old
 // waiter starved behind new ones costs the server nothing. Once the rate is
-// at what the server is known to take, a waiter whose deadline cannot be
-// met is shed at once with [ErrShed] rather than sent late.
+// at what the server is known to take, and at least what it sustained
+// before this episode, a waiter whose deadline cannot be met is shed at
+// once with [ErrShed] rather than sent late.
 package overload
 
 import (
@@ -88,10 +98,12 @@ type Controller struct {
 	tokens   float64
 	refilled time.Time
 	arrived  int // attempts that asked in the current interval
+	sent     int // attempts let through in the current interval
 	lastIn   int // in the last closed one
 	waited   bool
 	quiet    int       // calm intervals in a row
-	restarts int       // restarts after a collapse in this episode
+	before   float64   // what was known when this episode began
+	setbacks int       // collapses under a rate this controller chose, in this episode
 	growAt   time.Time // no growth past what is known before this
 	line     []*waiter // newest last
 	armed    bool      // a tick is scheduled at due
@@ -152,6 +164,7 @@ func (c *Controller) acquire(ctx context.Context, back bool) (time.Duration, err
 	c.arrived++
 	if len(c.line) == 0 && c.tokens >= 1 { // nobody waits: back or front is the same
 		c.tokens--
+		c.sent++
 		c.mu.Unlock()
 		return 0, nil
 	}
@@ -269,9 +282,10 @@ func (c *Controller) beginLocked(now time.Time) {
 	c.pacing.Store(true)
 	c.episodes.Add(1)
 	c.rate, c.tokens, c.refilled = 1, 0, now
-	c.ceiling, c.restarts, c.quiet = 0, 0, 0
+	c.ceiling, c.setbacks, c.quiet = 0, 0, 0
+	c.before = c.known
 	c.growAt = time.Time{}
-	c.arrived, c.lastIn, c.waited = 0, 0, false
+	c.arrived, c.sent, c.lastIn, c.waited = 0, 0, 0, false
 }
 
 // endLocked stops pacing and lets every waiter go.
@@ -320,7 +334,8 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 	overloaded := fail > 0 && fail >= c.s.FailureRatio*(ok+fail)
 	waited := c.waited || len(c.line) > 0
 	c.lastIn = c.arrived
-	c.arrived, c.fail, c.waited = 0, 0, false
+	sent := float64(c.sent)
+	c.arrived, c.sent, c.fail, c.waited = 0, 0, 0, false
 
 	switch {
 	case overloaded:
@@ -330,6 +345,15 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 		// interval until one is answered.
 		if ok > 0 {
 			c.ceiling = ok
+		}
+		if !c.collapsed.Load() && sent > 1 {
+			// The server collapsed under the rate this controller
+			// chose: that rate is too much for now, whatever was known.
+			c.known = min(c.known, c.s.Headroom*sent)
+			if c.ceiling > sent {
+				c.ceiling = sent
+			}
+			c.setbacks++
 		}
 		c.collapsed.Store(true)
 		c.rate, c.quiet = 1, 0
@@ -371,12 +395,18 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 // restartLocked sets the rate after the first answer that ends a collapse.
 func (c *Controller) restartLocked(now time.Time) {
 	c.collapsed.Store(false)
-	c.restarts++
-	c.rate, c.growAt = c.freeLocked(), now.Add(c.s.Hold)
+	c.rate, c.growAt = c.freeLocked(), now.Add(c.holdLocked())
 	if math.IsInf(c.rate, 1) {
 		c.rate, c.growAt = 2, now // nothing known: a slow start, at once
 	}
 	c.serveLocked(now)
+}
+
+// holdLocked is how long a restarted rate holds before it grows past what
+// is known: Hold, doubled for each collapse under a rate this controller
+// chose in this episode after the first, up to 16 Hold.
+func (c *Controller) holdLocked() time.Duration {
+	return c.s.Hold << min(max(c.setbacks-1, 0), 4)
 }
 
 // freeLocked is the rate the controller may return to without holding:
@@ -428,7 +458,21 @@ func (c *Controller) growLocked(now time.Time) {
 	if c.boundLocked() {
 		return // never past a capacity the server showed in this episode
 	}
-	c.rate *= 1.25
+	if c.rate < c.before {
+		// Back toward what the server sustained before this episode:
+		// its capacity was cut, and may have returned. A collapse on the
+		// way lowers what is known and doubles the wait before the next
+		// try (holdLocked).
+		c.rate = min(2*c.rate, c.before)
+		return
+	}
+	// Past what is known, the rate grows only to meet the attempts that
+	// come: it need not be far above them to drain the line, and every
+	// step past what the server is known to take is a risk.
+	if c.rate >= 1.25*float64(c.lastIn) {
+		return
+	}
+	c.rate = min(1.25*c.rate, 1.25*float64(c.lastIn))
 	c.growAt = now.Add(c.s.Hold)
 }
 
@@ -450,6 +494,7 @@ func (c *Controller) serveLocked(now time.Time) {
 		w := c.line[len(c.line)-1]
 		c.line = c.line[:len(c.line)-1]
 		c.tokens--
+		c.sent++
 		w.done = true
 		w.ready <- nil
 	}
@@ -481,10 +526,11 @@ func (c *Controller) tick() {
 // shedLocked refuses the waiters that would wait past their deadlines: the
 // one k places from the front (newest) waits about k+1 tokens of what is
 // left after newer arrivals. While the server is collapsed, or the rate is
-// still below what the server is known to take (it grows), the wait cannot
-// be told, and waiters stay until their own deadlines.
+// still below what the server is known to take or sustained before this
+// episode (it may grow there at any moment), the wait cannot be told, and
+// waiters stay until their own deadlines.
 func (c *Controller) shedLocked(now time.Time) {
-	if c.collapsed.Load() || len(c.line) == 0 || c.rate < c.freeLocked() {
+	if c.collapsed.Load() || len(c.line) == 0 || c.rate < max(c.freeLocked(), c.before) {
 		return // the rate is unknown, or still growing: no wait can be told
 	}
 	spare := max(c.rate-float64(c.lastIn), c.rate/10)

@@ -271,10 +271,12 @@ func calmThenFail(t *testing.T, perInterval int) (*Controller, *fakeClock) {
 }
 
 // A restart returns to the throughput the server sustained before the
-// overload, even after a refused interval measured less (an outage that
-// ended looks the same as a cut that persists until the rate is tried).
-// Past the sustained rate it grows by a quarter per Hold, and only while
-// attempts wait.
+// overload (an outage that ended looks the same as a cut that persists
+// until the rate is tried). If the server collapses again under that rate,
+// the rate was too much: the next restart is at Headroom of what was sent,
+// and only after a Hold does the rate go back toward what the server
+// sustained before. Past that it grows by a quarter per Hold, to at most a
+// quarter above the attempts that come, and only while attempts wait.
 func TestRestartsAndGrowth(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
 	clk.Advance(DefaultInterval) // collapsed
@@ -285,7 +287,8 @@ func TestRestartsAndGrowth(t *testing.T) {
 	if got := rateOf(c); got != 60 {
 		t.Fatalf("first restart at %v per interval, want the sustained 60", got)
 	}
-	// The server takes 30 and refuses the rest: one probe per interval.
+	// 60 sent; the server takes 30 and refuses the rest: collapsed again.
+	setCounts(c, 60, 60)
 	report(c, Answered, 29) // and the answer that restarted it
 	report(c, Overloaded, 30)
 	clk.Advance(DefaultInterval)
@@ -293,12 +296,14 @@ func TestRestartsAndGrowth(t *testing.T) {
 		t.Fatalf("rate after a refused interval = %v, want 1", got)
 	}
 	answerProbe(t, c)
-	if got := rateOf(c); got != 60 {
-		t.Fatalf("second restart at %v, want the sustained 60", got)
+	if got := rateOf(c); got != 54 {
+		t.Fatalf("second restart at %v, want 90 %% of the 60 sent", got)
 	}
-	// Demand above the rate (attempts waited), answers, no failures: held
-	// for 500ms, then a quarter more per 500ms.
-	for i, want := range []float64{60, 60, 60, 60, 75, 75, 75, 75, 75, 93.75} {
+	// Demand above the rate (70 arrive, attempts wait), answers, no
+	// failures: held for 500ms, back to the sustained 60, then a quarter
+	// more per 500ms, up to a quarter above the 70 that arrive.
+	for i, want := range []float64{54, 54, 54, 54, 60, 75, 75, 75, 75, 75, 87.5, 87.5, 87.5, 87.5, 87.5, 87.5} {
+		setCounts(c, 70, 0)
 		markWaited(c)
 		c.Done(Answered)
 		clk.Advance(DefaultInterval)
@@ -306,6 +311,112 @@ func TestRestartsAndGrowth(t *testing.T) {
 			t.Fatalf("interval %d: rate = %v, want %v", i, got, want)
 		}
 	}
+}
+
+// A rate grown past what the server sustained before, then refused, is
+// not tried again: what the server is known to take comes down below it,
+// however many answers it took on the way (the loop that would otherwise
+// collapse a sticky server again after every restart). Each such setback
+// doubles the hold before the next growth.
+func TestSetbacksLowerWhatIsKnown(t *testing.T) {
+	c, clk := calmThenFail(t, 68)
+	clk.Advance(DefaultInterval)
+	answerProbe(t, c) // restart at 68
+	// Demand of 80 an interval: after the hold the rate grows to 85, and
+	// the server answers all of it.
+	for i := range 5 {
+		setCounts(c, 80, 68)
+		markWaited(c)
+		answers := 68
+		if i == 0 {
+			answers-- // the probe's answer was the first interval's 68th
+		}
+		report(c, Answered, answers)
+		clk.Advance(DefaultInterval)
+	}
+	if got := rateOf(c); got != 85 {
+		t.Fatalf("rate = %v, want grown to 85", got)
+	}
+	setCounts(c, 80, 85)
+	report(c, Answered, 85)
+	clk.Advance(DefaultInterval)
+	// 85 sent, and the server refuses nearly all.
+	setCounts(c, 80, 85)
+	report(c, Answered, 9)
+	report(c, Overloaded, 76)
+	clk.Advance(DefaultInterval)
+	answerProbe(t, c)
+	if got := rateOf(c); got != 76.5 {
+		t.Fatalf("restart after the refused 85 at %v, want 76.5", got)
+	}
+	c.mu.Lock()
+	first := c.growAt.Sub(clk.Now())
+	c.mu.Unlock()
+	if first != DefaultHold {
+		t.Fatalf("hold after one setback = %v, want %v", first, DefaultHold)
+	}
+	// Refused again at 76.5: the next restart holds twice as long.
+	setCounts(c, 80, 77)
+	report(c, Overloaded, 40)
+	clk.Advance(DefaultInterval)
+	answerProbe(t, c)
+	c.mu.Lock()
+	second := c.growAt.Sub(clk.Now())
+	c.mu.Unlock()
+	if got := rateOf(c); got != 0.9*77 {
+		t.Fatalf("restart after the refused 77 at %v, want %v", got, 0.9*77)
+	}
+	if second != 2*DefaultHold {
+		t.Fatalf("hold after two setbacks = %v, want %v", second, 2*DefaultHold)
+	}
+}
+
+// While the rate is below what the server sustained before the overload
+// it may return there at any moment, so no waiter is shed on the wait the
+// lower rate would give.
+func TestNoSheddingBelowTheSustainedRate(t *testing.T) {
+	c, clk := calmThenFail(t, 60)
+	clk.Advance(DefaultInterval)
+	answerProbe(t, c)
+	setCounts(c, 60, 60)
+	report(c, Overloaded, 60)
+	clk.Advance(DefaultInterval)
+	// Restarted at 54 with 60 arriving: the spare is 5.4 an interval, so a
+	// waiter 20 places back would wait about 370ms, past its 100ms.
+	if _, err := c.Acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c.Done(Answered)
+	c.mu.Lock()
+	c.lastIn, c.tokens = 60, 0
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	near, cancelNear := context.WithDeadline(ctx, clk.Now().Add(100*time.Millisecond))
+	defer cancelNear()
+	out := make(chan grant, 21)
+	acquireAsync(near, c, 0, out)
+	waitLine(t, c, 1)
+	for id := 1; id <= 20; id++ {
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	if st := c.State(); st.Shed != 0 {
+		t.Fatalf("shed %d below the sustained rate", st.Shed)
+	}
+	cancel()
+	for range 21 {
+		<-out
+	}
+}
+
+// setCounts sets the current interval's arrivals and attempts let through,
+// as if that many had called Acquire.
+func setCounts(c *Controller, arrived, sent int) {
+	c.mu.Lock()
+	c.advanceLocked(c.s.Now()) // into the interval of now
+	c.arrived, c.sent = arrived, sent
+	c.mu.Unlock()
 }
 
 // A herd on a fresh client: nothing was sustained before, the first
