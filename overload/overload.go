@@ -24,8 +24,8 @@
 //   - A collapse under a rate the controller chose (not a probe's) says
 //     that rate is too much for now: what the server is known to take
 //     comes down to Headroom of the attempts sent in that interval, and
-//     every such setback after the first in an episode doubles the hold
-//     below (up to 16 Hold). Without it a rate learned on the way up would
+//     the rate holds there until Hold after the setback, doubled for each
+//     earlier one in the episode (up to 16 Hold). Without it a rate learned on the way up would
 //     be tried again after every restart, collapsing a server that stays
 //     down while it is hit each time: the client's own metastable loop.
 //   - An interval with fewer refusals brings the rate down to Headroom of
@@ -104,6 +104,7 @@ type Controller struct {
 	quiet    int       // calm intervals in a row
 	before   float64   // what was known when this episode began
 	setbacks int       // collapses under a rate this controller chose, in this episode
+	setback  time.Time // when the last one was seen
 	growAt   time.Time // no growth past what is known before this
 	line     []*waiter // newest last
 	armed    bool      // a tick is scheduled at due
@@ -354,6 +355,7 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 				c.ceiling = sent
 			}
 			c.setbacks++
+			c.setback = now
 		}
 		c.collapsed.Store(true)
 		c.rate, c.quiet = 1, 0
@@ -395,16 +397,22 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 // restartLocked sets the rate after the first answer that ends a collapse.
 func (c *Controller) restartLocked(now time.Time) {
 	c.collapsed.Store(false)
-	c.rate, c.growAt = c.freeLocked(), now.Add(c.holdLocked())
+	c.rate, c.growAt = c.freeLocked(), now.Add(c.s.Hold)
+	if c.setbacks > 0 {
+		// The hold runs from the setback: a server that stayed down
+		// while it was left alone has already had that time.
+		c.growAt = c.setback.Add(c.holdLocked())
+	}
 	if math.IsInf(c.rate, 1) {
 		c.rate, c.growAt = 2, now // nothing known: a slow start, at once
 	}
 	c.serveLocked(now)
 }
 
-// holdLocked is how long a restarted rate holds before it grows past what
-// is known: Hold, doubled for each collapse under a rate this controller
-// chose in this episode after the first, up to 16 Hold.
+// holdLocked is how long after a setback (a collapse under a rate this
+// controller chose) the rate holds before it grows past what is known:
+// Hold, doubled for each setback in this episode after the first, up to 16
+// Hold.
 func (c *Controller) holdLocked() time.Duration {
 	return c.s.Hold << min(max(c.setbacks-1, 0), 4)
 }
@@ -464,6 +472,9 @@ func (c *Controller) growLocked(now time.Time) {
 		// way lowers what is known and doubles the wait before the next
 		// try (holdLocked).
 		c.rate = min(2*c.rate, c.before)
+		if c.rate == c.before {
+			c.growAt = now.Add(c.s.Hold) // past it only after a hold
+		}
 		return
 	}
 	// Past what is known, the rate grows only to meet the attempts that

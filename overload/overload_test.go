@@ -295,14 +295,23 @@ func TestRestartsAndGrowth(t *testing.T) {
 	if got := rateOf(c); got != 1 {
 		t.Fatalf("rate after a refused interval = %v, want 1", got)
 	}
+	// Two probes are refused: the server stays down 200ms more.
+	for range 2 {
+		if _, err := c.Acquire(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		c.Done(Overloaded)
+		clk.Advance(DefaultInterval)
+	}
 	answerProbe(t, c)
 	if got := rateOf(c); got != 54 {
 		t.Fatalf("second restart at %v, want 90 %% of the 60 sent", got)
 	}
 	// Demand above the rate (70 arrive, attempts wait), answers, no
-	// failures: held for 500ms, back to the sustained 60, then a quarter
-	// more per 500ms, up to a quarter above the 70 that arrive.
-	for i, want := range []float64{54, 54, 54, 54, 60, 75, 75, 75, 75, 75, 87.5, 87.5, 87.5, 87.5, 87.5, 87.5} {
+	// failures: held until 500ms after the setback (300ms after the
+	// restart), back to the sustained 60, then a quarter more per 500ms,
+	// up to a quarter above the 70 that arrive.
+	for i, want := range []float64{54, 54, 60, 60, 60, 60, 60, 75, 75, 75, 75, 75, 87.5, 87.5, 87.5, 87.5} {
 		setCounts(c, 70, 0)
 		markWaited(c)
 		c.Done(Answered)
