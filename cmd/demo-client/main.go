@@ -57,7 +57,7 @@ func main() {
 	flag.StringVar(&o.addr, "addr", "", "the demo server, host:port on loopback (required)")
 	flag.BoolVar(&o.compare, "compare", false, "run every strategy, one after another, and print one table")
 	flag.StringVar(&o.strategy, "strategy", "herdguard defaults", "the strategies to run without -compare, separated by commas: "+strategyNames())
-	flag.StringVar(&o.scenario, "scenario", "", "the scenarios, separated by commas: "+scenarioNames+" (default: all with -compare, else published)")
+	flag.StringVar(&o.scenario, "scenario", "", "the scenarios, separated by commas: "+stormlab.ScenarioNames+" (default: all with -compare, else published)")
 	flag.IntVar(&o.calls, "calls", 1000, "calls fired at the same instant (herds; not steady load)")
 	flag.IntVar(&o.attempts, "attempts", 5, "attempts per call, the first included (herds; steady load has policy.Default's 3)")
 	flag.DurationVar(&o.base, "base", time.Second, "the first wait, at full scale (herds; steady load has policy.Default's 100ms)")
@@ -337,11 +337,11 @@ func pickScenarios(o options) ([]plannedScenario, error) {
 	}
 	var scs []stormlab.Scenario
 	for _, name := range strings.Split(which, ",") {
-		more, ok := scenariosNamed[strings.TrimSpace(name)]
+		more, ok := stormlab.ScenariosNamed(strings.TrimSpace(name))
 		if !ok {
-			return nil, fmt.Errorf("-scenario %q: want %s, or several separated by commas", name, scenarioNames)
+			return nil, fmt.Errorf("-scenario %q: want %s, or several separated by commas", name, stormlab.ScenarioNames)
 		}
-		scs = append(scs, more()...)
+		scs = append(scs, more...)
 	}
 	if o.runs > 1 {
 		for _, sc := range scs {
@@ -376,28 +376,6 @@ func pickScenarios(o options) ([]plannedScenario, error) {
 		return nil, fmt.Errorf("-strategy %q with -scenario %q: want one of %s", o.strategy, which, strategyNames())
 	}
 	return out, nil
-}
-
-// scenarioNames lists the names -scenario takes.
-const scenarioNames = `"published", "overload", "lost-replies", "slow", "all", "herd-20", "herd-80", "herd-320", "herds", "steady-cut", "steady-outage", "steady-gentle" or "steady"`
-
-// scenariosNamed maps each name -scenario takes to its scenarios.
-var scenariosNamed = map[string]func() []stormlab.Scenario{
-	"published":    func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.Published()} },
-	"overload":     func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.Overload()} },
-	"lost-replies": func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.LostReplies()} },
-	"slow":         func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.SlowAttempts()} },
-	"all": func() []stormlab.Scenario {
-		return []stormlab.Scenario{stormlab.Published(), stormlab.Overload(), stormlab.LostReplies(), stormlab.SlowAttempts()}
-	},
-	"herd-20":       func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.Herd(20)} },
-	"herd-80":       func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.Herd(80)} },
-	"herd-320":      func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.Herd(320)} },
-	"herds":         stormlab.Herds,
-	"steady-cut":    func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.SteadyCut()} },
-	"steady-outage": func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.SteadyOutage()} },
-	"steady-gentle": func() []stormlab.Scenario { return []stormlab.Scenario{stormlab.SteadyGentle()} },
-	"steady":        stormlab.SteadyScenarios,
 }
 
 func checkLoopback(flagName, addr string) error {

@@ -542,3 +542,36 @@ func wait(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	}
 }
+
+// ScenarioNames lists the names ScenariosNamed knows, for a command's help.
+const ScenarioNames = `"published", "overload", "lost-replies", "slow", "all", "herd-20", "herd-80", "herd-320", "herds", "steady-cut", "steady-outage", "steady-gentle" or "steady"`
+
+// scenariosNamed maps each short name to its scenarios.
+var scenariosNamed = map[string]func() []Scenario{
+	"published":    func() []Scenario { return []Scenario{Published()} },
+	"overload":     func() []Scenario { return []Scenario{Overload()} },
+	"lost-replies": func() []Scenario { return []Scenario{LostReplies()} },
+	"slow":         func() []Scenario { return []Scenario{SlowAttempts()} },
+	"all": func() []Scenario {
+		return []Scenario{Published(), Overload(), LostReplies(), SlowAttempts()}
+	},
+	"herd-20":       func() []Scenario { return []Scenario{Herd(20)} },
+	"herd-80":       func() []Scenario { return []Scenario{Herd(80)} },
+	"herd-320":      func() []Scenario { return []Scenario{Herd(320)} },
+	"herds":         Herds,
+	"steady-cut":    func() []Scenario { return []Scenario{SteadyCut()} },
+	"steady-outage": func() []Scenario { return []Scenario{SteadyOutage()} },
+	"steady-gentle": func() []Scenario { return []Scenario{SteadyGentle()} },
+	"steady":        SteadyScenarios,
+}
+
+// ScenariosNamed returns the scenarios a short name stands for (the names
+// of ScenarioNames: "herd-80", "steady-gentle", "herds", ...), and whether
+// the name is known.
+func ScenariosNamed(name string) ([]Scenario, bool) {
+	f, ok := scenariosNamed[name]
+	if !ok {
+		return nil, false
+	}
+	return f(), true
+}
