@@ -15,13 +15,18 @@ import (
 // controllerFor returns the overload controller of a target, or nil when
 // overload control is off.
 func (ic *Interceptor) controllerFor(target string) *overload.Controller {
-	if ic.overload == nil {
-		return nil
-	}
 	// Most interceptors serve one target: the last one found is checked
-	// first, which is cheaper than the map's hashing.
+	// first, inlined, which is cheaper than the map's hashing.
 	if last := ic.lastController.Load(); last != nil && last.target == target {
 		return last.ctl
+	}
+	return ic.findController(target)
+}
+
+// findController is controllerFor past the last target found.
+func (ic *Interceptor) findController(target string) *overload.Controller {
+	if ic.overload == nil {
+		return nil
 	}
 	tc := ic.controllers.Get(target, func() *targetController {
 		c, _ := overload.New(*ic.overload) // validated in New

@@ -233,8 +233,10 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 				return err
 			}
 		}
-		if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, attempt, back); err != nil {
-			return c.notSent(ctx, attempt, last, err)
+		if c.ctl != nil && c.ctl.Pacing() { // admit's own test, without the call while calm
+			if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, attempt, back); err != nil {
+				return c.notSent(ctx, attempt, last, err)
+			}
 		}
 		c.attempts = attempt
 		actx := ctx
@@ -247,7 +249,9 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		// refused pushback, and no failure after headers, for throttling.
 		catch := attempt < maxAttempts || c.lim != nil && c.lim.throttle != nil
 		end := c.attempt(actx, attempt, catch)
-		attemptDone(c.ctl, end.err)
+		if c.ctl != nil {
+			attemptDone(c.ctl, end.err)
+		}
 		last = end.err
 		if end.err == nil {
 			c.outcome = OutcomeOK
