@@ -206,8 +206,8 @@ func (c *Controller) acquire(ctx context.Context, back bool) (time.Duration, err
 // shown it is overloaded. It takes no lock.
 func (c *Controller) Pacing() bool { return c.pacing.Load() }
 
-// Answered is Done(Answered), cheap enough to inline: while calm it is one
-// atomic load and one atomic add.
+// Answered is Done(Answered) without its switch: while calm it is one
+// atomic load and one atomic add, and takes no lock.
 func (c *Controller) Answered() {
 	if !c.pacing.Load() {
 		c.ok.Add(1)
