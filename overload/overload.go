@@ -25,9 +25,10 @@
 //     that rate is too much for now: what the server is known to take
 //     comes down to Headroom of the attempts sent in that interval, and
 //     the rate holds there until Hold after the setback, doubled for each
-//     earlier one in the episode (up to 16 Hold). Without it a rate learned on the way up would
-//     be tried again after every restart, collapsing a server that stays
-//     down while it is hit each time: the client's own metastable loop.
+//     earlier one in the episode (up to 16 Hold). Without it a rate learned
+//     on the way up would be tried again after every restart, collapsing a
+//     server that stays down while it is hit each time: the client's own
+//     metastable loop.
 //   - An interval with fewer refusals brings the rate down to Headroom of
 //     what the server took, if it was above. Without refusals, the rate
 //     rises while attempts wait: to what is known at once; after a hold,
@@ -351,9 +352,7 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 			// The server collapsed under the rate this controller
 			// chose: that rate is too much for now, whatever was known.
 			c.known = min(c.known, c.s.Headroom*sent)
-			if c.ceiling > sent {
-				c.ceiling = sent
-			}
+			c.ceiling = min(c.ceiling, sent)
 			c.setbacks++
 			c.setback = now
 		}
