@@ -445,9 +445,21 @@ func TestMeasuredCapacityBounds(t *testing.T) {
 			markWaited(c)
 		}
 		report(c, Answered, 18)
+		setCounts(c, 18, 18)
 		clk.Advance(DefaultInterval)
 		if got := rateOf(c); got != 18 {
 			t.Fatalf("interval %d: rate = %v, want it held at 18", i, got)
+		}
+	}
+	// Answers that land late make an interval count more than the
+	// capacity (here 21 answers for 18 sent): that is no proof of more.
+	for i := range 5 {
+		markWaited(c)
+		report(c, Answered, 21)
+		setCounts(c, 18, 18)
+		clk.Advance(DefaultInterval)
+		if got := rateOf(c); got != 18 {
+			t.Fatalf("late answers, interval %d: rate = %v, want it held at 18", i, got)
 		}
 	}
 }
