@@ -213,7 +213,9 @@ func (h *hedgeCall) run(a *hedgeAttempt) error {
 			a.span.SetAttributes(AttrHedge.Bool(true))
 		}
 	}
-	if h.window != nil { // latency is recorded only for a latency-aware delay
+	// Latency is recorded for a latency-aware delay, and for the overload
+	// controller while it paces.
+	if h.window != nil || c.ctl != nil && c.ctl.Pacing() {
 		a.start = c.ic.clock.Now()
 	}
 	return c.invoker(ctx, c.method, c.req, a.reply, c.cc, a.opts...)
@@ -224,7 +226,7 @@ func (h *hedgeCall) run(a *hedgeAttempt) error {
 func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 	c := &h.c
 	var elapsed time.Duration
-	if h.window != nil {
+	if !a.start.IsZero() {
 		elapsed = c.ic.clock.Now().Sub(a.start)
 	}
 	h.mu.Lock()
@@ -235,7 +237,9 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 	won := h.winner == a && err == nil
 	h.mu.Unlock()
 	a.cancel()
-	attemptDone(c.ctl, err)
+	if c.ctl != nil {
+		attemptDoneAfter(c.ctl, err, c.ic.clock, a.start)
+	}
 
 	if err == nil && h.window != nil {
 		h.window.Record(elapsed) // an attempt cancelled as a loser ends with an error

@@ -99,6 +99,20 @@ func shedError(n int, last error) error {
 	return &RetryError{Attempts: n - 1, Outcome: OutcomeShed, Err: last}
 }
 
+// attemptDoneAfter is attemptDone for an attempt sent at sent (zero: not
+// timed) to a target with a controller: an answer tells the controller how
+// long it took.
+func attemptDoneAfter(ctl *overload.Controller, err error, clk clock, sent time.Time) {
+	switch {
+	case err != nil:
+		attemptDone(ctl, err)
+	case sent.IsZero(): // calm: one call deep, as attemptDone's answer
+		ctl.Answered()
+	default:
+		ctl.AnsweredAfter(clk.Now().Sub(sent))
+	}
+}
+
 // attemptDone tells the controller (nil: none) how an attempt ended.
 func attemptDone(ctl *overload.Controller, err error) {
 	switch {

@@ -301,3 +301,62 @@ func TestControllerLookupAllocatesNothing(t *testing.T) {
 		t.Errorf("%v allocations per two lookups, want 0", allocs)
 	}
 }
+
+// While the controller paces, the interceptor tells it how long answers
+// take, for plain and hedged calls: after answers that took 400ms, a call
+// with 200ms left is shed without being sent, and one with 2s goes.
+func TestOverloadLearnsAnswerTimes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		p    policy.Policy
+	}{
+		{"retry", policy.Policy{MaxAttempts: 1}},
+		{"hedging", policy.Policy{Hedging: policy.Hedging{MaxAttempts: 2, Delay: time.Second}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newFakeClock()
+			sc := fail(codes.Unavailable, codes.Unavailable, codes.Unavailable, codes.OK)
+			srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, req *grpc_testing.SimpleRequest) (*grpc_testing.SimpleResponse, error) {
+				r, err := sc.unary(ctx, req)
+				if err == nil {
+					clk.advance(400 * time.Millisecond) // a slow answer, on the interceptor's clock
+				}
+				return r, err
+			}})
+			ic, err := New(withClock(clk), withRand(fixedRand(0.5)), WithoutBreaker(),
+				// Calm: the fake clock runs every hedge timer at once, and
+				// pacing must outlast the seconds that adds.
+				WithPolicy(tc.p), WithOverloadControl(overload.Settings{MinFailures: 3, Calm: 100}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := srv.Client(t, ic.DialOptions()...)
+			one := CallPolicy(policy.Policy{MaxAttempts: 1})
+			for range 3 {
+				if err := call(t, c, one); status.Code(err) != codes.Unavailable {
+					t.Fatalf("scripted failure: %v", err)
+				}
+			}
+			// The probe, then one more: two intervals with answers. No
+			// hedge goes while the controller paces.
+			for i := range 2 {
+				if err := call(t, c); err != nil {
+					t.Fatalf("answer %d: %v", i, err)
+				}
+			}
+			sent := len(srv.Attempts())
+			ctx, cancel := context.WithDeadline(context.Background(), clk.Now().Add(200*time.Millisecond))
+			defer cancel()
+			_, err = c.UnaryCall(ctx, &grpc_testing.SimpleRequest{})
+			var re *RetryError
+			if !errors.As(err, &re) || re.Outcome != OutcomeShed || len(srv.Attempts()) != sent {
+				t.Fatalf("200ms left, answers take 400ms: %v, %d attempts sent; want it shed, none sent", err, len(srv.Attempts())-sent)
+			}
+			ctx, cancel = context.WithDeadline(context.Background(), clk.Now().Add(2*time.Second))
+			defer cancel()
+			if _, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{}); err != nil {
+				t.Fatalf("2s left: %v", err)
+			}
+		})
+	}
+}

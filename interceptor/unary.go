@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"time"
 
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
@@ -233,10 +234,13 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 				return err
 			}
 		}
+		// While pacing, the controller learns how long answers take.
+		var sent time.Time
 		if c.ctl != nil && c.ctl.Pacing() { // admit's own test, without the call while calm
 			if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, attempt, back); err != nil {
 				return c.notSent(ctx, attempt, last, err)
 			}
+			sent = c.ic.clock.Now()
 		}
 		c.attempts = attempt
 		actx := ctx
@@ -250,7 +254,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		catch := attempt < maxAttempts || c.lim != nil && c.lim.throttle != nil
 		end := c.attempt(actx, attempt, catch)
 		if c.ctl != nil {
-			attemptDone(c.ctl, end.err)
+			attemptDoneAfter(c.ctl, end.err, c.ic.clock, sent)
 		}
 		last = end.err
 		if end.err == nil {

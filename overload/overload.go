@@ -44,8 +44,13 @@
 // newest caller is the one most likely to still want the answer, and an old
 // waiter starved behind new ones costs the server nothing. Once the rate is
 // at what the server is known to take, and at least what it sustained
-// before this episode, a waiter whose deadline cannot be met is shed at
-// once with [ErrShed] rather than sent late.
+// before this episode, a waiter whose deadline cannot be met (its wait in
+// the line, then the least time the server took to answer in the last
+// interval) is shed at once with [ErrShed] rather than sent late. At any
+// rate an attempt is shed rather than sent with less time left than every
+// answer of the last interval took ([Controller.AnsweredAfter]): a server
+// that queues answers late, and an attempt sent too late only takes the
+// place of one that could still be answered.
 package overload
 
 import (
@@ -98,9 +103,11 @@ type Controller struct {
 	rate     float64   // tokens per interval while pacing
 	tokens   float64
 	refilled time.Time
-	arrived  int // attempts that asked in the current interval
-	sent     int // attempts let through in the current interval
-	lastIn   int // in the last closed one
+	arrived  int           // attempts that asked in the current interval
+	sent     int           // attempts let through in the current interval
+	lastIn   int           // in the last closed one
+	took     time.Duration // least time an answer took in the current interval; 0: none timed
+	lastTook time.Duration // the same for the last closed interval with answers
 	waited   bool
 	quiet    int       // calm intervals in a row
 	before   float64   // what was known when this episode began
@@ -164,6 +171,12 @@ func (c *Controller) acquire(ctx context.Context, back bool) (time.Duration, err
 		return 0, nil
 	}
 	c.arrived++
+	deadline, _ := ctx.Deadline()
+	if c.lateLocked(deadline, now) {
+		c.shed.Add(1)
+		c.mu.Unlock()
+		return 0, ErrShed
+	}
 	if len(c.line) == 0 && c.tokens >= 1 { // nobody waits: back or front is the same
 		c.tokens--
 		c.sent++
@@ -171,10 +184,7 @@ func (c *Controller) acquire(ctx context.Context, back bool) (time.Duration, err
 		return 0, nil
 	}
 	c.waited = true
-	w := &waiter{ready: make(chan error, 1)}
-	if d, ok := ctx.Deadline(); ok {
-		w.deadline = d
-	}
+	w := &waiter{deadline: deadline, ready: make(chan error, 1)}
 	if back {
 		c.line = slices.Insert(c.line, 0, w)
 	} else {
@@ -213,7 +223,22 @@ func (c *Controller) Answered() {
 	if !c.pacing.Load() {
 		c.ok.Add(1)
 	} else {
-		c.answeredPacing()
+		c.answeredPacing(0)
+	}
+}
+
+// AnsweredAfter is Answered for an attempt the server answered d after it
+// was sent. While pacing, the controller keeps the least such time of each
+// interval: an attempt with less time left before its deadline than every
+// answer of the last interval took cannot be answered in time (a server
+// with a queue answers late, and a waiter's time runs out in the line), so
+// it is shed rather than sent. Attempts whose time is not known are
+// reported with Answered and teach nothing.
+func (c *Controller) AnsweredAfter(d time.Duration) {
+	if !c.pacing.Load() {
+		c.ok.Add(1)
+	} else {
+		c.answeredPacing(max(d, 1))
 	}
 }
 
@@ -235,14 +260,17 @@ func (c *Controller) Done(o Outcome) {
 	}
 }
 
-// answeredPacing counts an answer while pacing: it may end a collapse, or
-// grow a slow start.
-func (c *Controller) answeredPacing() {
+// answeredPacing counts an answer while pacing, that took d (0: not
+// known): it may end a collapse, or grow a slow start.
+func (c *Controller) answeredPacing(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.s.Now()
 	c.advanceLocked(now) // the answer belongs to the interval now
 	c.ok.Add(1)
+	if d > 0 && (c.took == 0 || d < c.took) {
+		c.took = d
+	}
 	switch {
 	case c.collapsed.Load():
 		c.restartLocked(now)
@@ -288,6 +316,7 @@ func (c *Controller) beginLocked(now time.Time) {
 	c.before = c.known
 	c.growAt = time.Time{}
 	c.arrived, c.sent, c.lastIn, c.waited = 0, 0, 0, false
+	c.took, c.lastTook = 0, 0
 }
 
 // endLocked stops pacing and lets every waiter go.
@@ -338,6 +367,10 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 	c.lastIn = c.arrived
 	sent := float64(c.sent)
 	c.arrived, c.sent, c.fail, c.waited = 0, 0, 0, false
+	if ok > 0 { // an interval without answers says nothing of their time
+		c.lastTook = c.took
+	}
+	c.took = 0
 
 	switch {
 	case overloaded:
@@ -507,6 +540,12 @@ func (c *Controller) serveLocked(now time.Time) {
 	for len(c.line) > 0 && c.tokens >= 1 {
 		w := c.line[len(c.line)-1]
 		c.line = c.line[:len(c.line)-1]
+		if c.lateLocked(w.deadline, now) { // the token goes to the next
+			w.done = true
+			w.ready <- ErrShed
+			c.shed.Add(1)
+			continue
+		}
 		c.tokens--
 		c.sent++
 		w.done = true
@@ -537,9 +576,10 @@ func (c *Controller) tick() {
 	}
 }
 
-// shedLocked refuses the waiters that would wait past their deadlines: the
-// one k places from the front (newest) waits about k+1 tokens of what is
-// left after newer arrivals. While the server is collapsed, or the rate is
+// shedLocked refuses the waiters that would not be answered before their
+// deadlines: the one k places from the front (newest) waits about k+1
+// tokens of what is left after newer arrivals, then the least time an
+// answer took in the last interval. While the server is collapsed, or the rate is
 // still below what the server is known to take or sustained before this
 // episode (it may grow there at any moment), the wait cannot be told, and
 // waiters stay until their own deadlines.
@@ -553,7 +593,7 @@ func (c *Controller) shedLocked(now time.Time) {
 	n := len(c.line)
 	for i, w := range c.line {
 		k := n - 1 - i
-		eta := now.Add(time.Duration(float64(k+1) * per))
+		eta := now.Add(time.Duration(float64(k+1)*per) + c.lastTook)
 		if !w.deadline.IsZero() && eta.After(w.deadline) {
 			w.done = true
 			w.ready <- ErrShed
@@ -564,6 +604,13 @@ func (c *Controller) shedLocked(now time.Time) {
 	}
 	clear(c.line[len(kept):])
 	c.line = kept
+}
+
+// lateLocked reports whether an attempt with deadline (zero: none), sent
+// at t, could not be answered in time: it would have less time left than
+// every answer of the last interval with answers took.
+func (c *Controller) lateLocked(deadline, t time.Time) bool {
+	return c.lastTook > 0 && !deadline.IsZero() && deadline.Sub(t) < c.lastTook
 }
 
 func (c *Controller) removeLocked(w *waiter) {

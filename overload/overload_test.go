@@ -616,3 +616,103 @@ func TestFewRefusalsBringTheRateDown(t *testing.T) {
 		t.Fatal("few refusals started probing")
 	}
 }
+
+// An attempt with less time left than every answer of the last interval
+// took is shed rather than sent: at once when it asks, or when its turn
+// comes, and its token goes to the next waiter. Answers of unknown time
+// teach nothing.
+func TestLateAttemptsAreShed(t *testing.T) {
+	c, clk := calmThenFail(t, 60)
+	clk.Advance(DefaultInterval)
+	answerProbe(t, c) // restarts at 60 an interval
+	for _, d := range []time.Duration{900 * time.Millisecond, 800 * time.Millisecond, time.Second} {
+		c.AnsweredAfter(d)
+	}
+	clk.Advance(DefaultInterval) // the last interval's answers took at least 800ms
+	setBucket(c, 60, 10, 0)
+
+	short, cancelShort := deadlineIn(clk, 790*time.Millisecond)
+	defer cancelShort()
+	if _, err := c.Acquire(short); !errors.Is(err, ErrShed) {
+		t.Fatalf("790ms left, answers take 800ms: Acquire = %v, want ErrShed", err)
+	}
+	long, cancelLong := deadlineIn(clk, 2*time.Second)
+	defer cancelLong()
+	if _, err := c.Acquire(long); err != nil {
+		t.Fatalf("2s left: Acquire = %v, want nil", err)
+	}
+
+	// At 5 an interval, nothing left in the bucket: an old waiter with
+	// time, then a newer one with 815ms. The next token comes 20ms later,
+	// for the newer one, which has 795ms left by then: it is shed, and the
+	// token goes to the old one.
+	setBucket(c, 5, 0, 0)
+	out := make(chan grant, 3)
+	acquireAsync(long, c, 0, out)
+	waitLine(t, c, 1)
+	tight, cancelTight := deadlineIn(clk, 815*time.Millisecond)
+	defer cancelTight()
+	acquireAsync(tight, c, 1, out)
+	waitLine(t, c, 2)
+	clk.Advance(DefaultInterval / 5)
+	got := map[int]error{}
+	for range 2 {
+		g := <-out
+		got[g.id] = g.err
+	}
+	if got[0] != nil || !errors.Is(got[1], ErrShed) {
+		t.Fatalf("old waiter: %v, newer with 795ms left: %v; want nil and ErrShed", got[0], got[1])
+	}
+	if st := c.State(); st.Shed != 2 {
+		t.Fatalf("shed %d, want 2", st.Shed)
+	}
+
+	// An interval without answers keeps the time; one whose answers are
+	// not timed forgets it.
+	clk.Advance(DefaultInterval)
+	setBucket(c, 60, 10, 0)
+	if _, err := c.Acquire(short); !errors.Is(err, ErrShed) {
+		t.Fatalf("no answer in the last interval: Acquire = %v, want ErrShed", err)
+	}
+	c.Done(Answered)
+	clk.Advance(DefaultInterval)
+	setBucket(c, 60, 10, 0)
+	if _, err := c.Acquire(short); err != nil {
+		t.Fatalf("no answer timed in the last interval: Acquire = %v, want nil", err)
+	}
+}
+
+// Shedding by wait counts the time answers take too: at 60 an interval
+// with 60 arriving, the newest waiter's turn comes in about 17ms, and its
+// answer in 800ms more, past its 810ms.
+func TestShedWaitCountsAnswerTime(t *testing.T) {
+	c, clk := calmThenFail(t, 60)
+	clk.Advance(DefaultInterval)
+	answerProbe(t, c)
+	c.AnsweredAfter(800 * time.Millisecond)
+	clk.Advance(DefaultInterval)
+	setBucket(c, 60, 0, 60)
+	ctx, cancel := deadlineIn(clk, 810*time.Millisecond)
+	defer cancel()
+	if _, err := c.Acquire(ctx); !errors.Is(err, ErrShed) {
+		t.Fatalf("Acquire = %v, want ErrShed", err)
+	}
+}
+
+// setBucket sets the rate, the tokens left now and the arrivals of the
+// last interval.
+func setBucket(c *Controller, rate, tokens float64, lastIn int) {
+	c.mu.Lock()
+	c.advanceLocked(c.s.Now())
+	c.rate, c.tokens, c.lastIn = rate, tokens, lastIn
+	c.mu.Unlock()
+}
+
+// deadlineIn is a context whose deadline is d away on clk, which also
+// ends (cancelled) after 10s of real time, so that a test that would wait
+// for it fails instead of hanging.
+func deadlineIn(clk *fakeClock, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithDeadline(context.Background(), clk.Now().Add(d))
+	stop := time.AfterFunc(10*time.Second, cancel)
+	return ctx, func() { stop.Stop(); cancel() }
+}
