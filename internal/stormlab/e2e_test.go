@@ -246,30 +246,48 @@ func fakeStats(windowMS int64, retries []int64, lastOK, recovered int64) *demov1
 	return s
 }
 
-// TestTimingStickyCutHeals: through a 2 s capacity cut of a server that
-// stays down while it is hit, herdguard's defaults end with at least as
-// many calls ok as sending no retries, and are ok again no later than 1 s
-// after it: the controller never keeps the server overloaded, also not by
-// growing its own rate back past what the server takes after every
-// restart (a loop that once left about half the runs stuck). It runs at
-// full scale without the race detector; make test runs it so.
-func TestTimingStickyCutHeals(t *testing.T) {
+// TestTimingBrownoutsHeal: through a 2 s capacity cut, herdguard's
+// defaults are ok again no later than 1 s after sending no retries is.
+//
+//   - The sticky server stays down while it is hit: the controller must
+//     never keep it overloaded, also not by growing its own rate back past
+//     what the server takes after every restart (a loop that once left
+//     about half the runs stuck). Calls ok are at least those of no retries.
+//   - The gentle server queues up to 1 s: attempts that waited in the line
+//     must not be sent into that queue too late to be answered (they ended
+//     at their deadlines up to 2.5 s after the cut). Its calls ok vary from
+//     run to run around those of no retries (see the README), so only the
+//     recovery is checked.
+//
+// It runs at full scale without the race detector; make test runs it so.
+func TestTimingBrownoutsHeal(t *testing.T) {
 	if raceEnabled {
 		t.Skip("counts arrivals in 100 ms windows, which the race detector blurs; make test runs it without -race")
 	}
-	rs := runStrategies(t, SteadyCut(), 1, "no retries", "herdguard defaults")
-	none, hg := rs["no retries"], rs["herdguard defaults"]
-	noneAfter, noneNever := none.Steady.Recovery(RecoveredShare)
-	hgAfter, hgNever := hg.Steady.Recovery(RecoveredShare)
-	t.Logf("no retries: %d ok, recovery %v (never %v); herdguard: %d ok, recovery %v (never %v), outcomes %v",
-		none.Succeeded, noneAfter, noneNever, hg.Succeeded, hgAfter, hgNever, hg.Outcomes)
-	if noneNever {
-		t.Fatal("sending no retries never recovered: the server or the machine is off")
-	}
-	if hgNever || hgAfter > noneAfter+time.Second {
-		t.Errorf("herdguard ok again %v after the cut (never: %v), no retries %v: want no later than 1 s after", hgAfter, hgNever, noneAfter)
-	}
-	if hg.Succeeded < none.Succeeded {
-		t.Errorf("herdguard %d calls ok, no retries %d: want at least as many", hg.Succeeded, none.Succeeded)
+	for _, tc := range []struct {
+		name    string
+		sc      Scenario
+		checkOK bool
+	}{
+		{"sticky", SteadyCut(), true},
+		{"gentle", SteadyGentle(), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := runStrategies(t, tc.sc, 1, "no retries", "herdguard defaults")
+			none, hg := rs["no retries"], rs["herdguard defaults"]
+			noneAfter, noneNever := none.Steady.Recovery(RecoveredShare)
+			hgAfter, hgNever := hg.Steady.Recovery(RecoveredShare)
+			t.Logf("no retries: %d ok, recovery %v (never %v); herdguard: %d ok, recovery %v (never %v), outcomes %v",
+				none.Succeeded, noneAfter, noneNever, hg.Succeeded, hgAfter, hgNever, hg.Outcomes)
+			if noneNever {
+				t.Fatal("sending no retries never recovered: the server or the machine is off")
+			}
+			if hgNever || hgAfter > noneAfter+time.Second {
+				t.Errorf("herdguard ok again %v after the cut (never: %v), no retries %v: want no later than 1 s after", hgAfter, hgNever, noneAfter)
+			}
+			if tc.checkOK && hg.Succeeded < none.Succeeded {
+				t.Errorf("herdguard %d calls ok, no retries %d: want at least as many", hg.Succeeded, none.Succeeded)
+			}
+		})
 	}
 }
