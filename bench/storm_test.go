@@ -65,7 +65,7 @@ func stormScenarios(t *testing.T) []stormlab.Scenario {
 	for _, name := range strings.Split(v, ",") {
 		scs, ok := stormlab.ScenariosNamed(strings.TrimSpace(name))
 		if !ok {
-			t.Fatalf("HERDGUARD_STORM_SCENARIOS names %q: want some of %s", name, stormlab.ScenarioNames)
+			t.Fatalf("HERDGUARD_STORM_SCENARIOS names %q: want some of %s", name, stormlab.ScenarioNames())
 		}
 		out = append(out, scs...)
 	}

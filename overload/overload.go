@@ -541,9 +541,7 @@ func (c *Controller) serveLocked(now time.Time) {
 		w := c.line[len(c.line)-1]
 		c.line = c.line[:len(c.line)-1]
 		if c.lateLocked(w.deadline, now) { // the token goes to the next
-			w.done = true
-			w.ready <- ErrShed
-			c.shed.Add(1)
+			c.shedOneLocked(w)
 			continue
 		}
 		c.tokens--
@@ -579,10 +577,10 @@ func (c *Controller) tick() {
 // shedLocked refuses the waiters that would not be answered before their
 // deadlines: the one k places from the front (newest) waits about k+1
 // tokens of what is left after newer arrivals, then the least time an
-// answer took in the last interval. While the server is collapsed, or the rate is
-// still below what the server is known to take or sustained before this
-// episode (it may grow there at any moment), the wait cannot be told, and
-// waiters stay until their own deadlines.
+// answer took in the last interval with answers. While the server is
+// collapsed, or the rate is still below what the server is known to take
+// or sustained before this episode (it may grow there at any moment), the
+// wait cannot be told, and waiters stay until their own deadlines.
 func (c *Controller) shedLocked(now time.Time) {
 	if c.collapsed.Load() || len(c.line) == 0 || c.rate < max(c.freeLocked(), c.before) {
 		return // the rate is unknown, or still growing: no wait can be told
@@ -595,15 +593,21 @@ func (c *Controller) shedLocked(now time.Time) {
 		k := n - 1 - i
 		eta := now.Add(time.Duration(float64(k+1)*per) + c.lastTook)
 		if !w.deadline.IsZero() && eta.After(w.deadline) {
-			w.done = true
-			w.ready <- ErrShed
-			c.shed.Add(1)
+			c.shedOneLocked(w)
 			continue
 		}
 		kept = append(kept, w)
 	}
 	clear(c.line[len(kept):])
 	c.line = kept
+}
+
+// shedOneLocked refuses waiter w with ErrShed; the caller takes it out of
+// the line.
+func (c *Controller) shedOneLocked(w *waiter) {
+	w.done = true
+	w.ready <- ErrShed
+	c.shed.Add(1)
 }
 
 // lateLocked reports whether an attempt with deadline (zero: none), sent

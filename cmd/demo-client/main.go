@@ -57,7 +57,7 @@ func main() {
 	flag.StringVar(&o.addr, "addr", "", "the demo server, host:port on loopback (required)")
 	flag.BoolVar(&o.compare, "compare", false, "run every strategy, one after another, and print one table")
 	flag.StringVar(&o.strategy, "strategy", "herdguard defaults", "the strategies to run without -compare, separated by commas: "+strategyNames())
-	flag.StringVar(&o.scenario, "scenario", "", "the scenarios, separated by commas: "+stormlab.ScenarioNames+" (default: all with -compare, else published)")
+	flag.StringVar(&o.scenario, "scenario", "", "the scenarios, separated by commas: "+stormlab.ScenarioNames()+" (default: all with -compare, else published)")
 	flag.IntVar(&o.calls, "calls", 1000, "calls fired at the same instant (herds; not steady load)")
 	flag.IntVar(&o.attempts, "attempts", 5, "attempts per call, the first included (herds; steady load has policy.Default's 3)")
 	flag.DurationVar(&o.base, "base", time.Second, "the first wait, at full scale (herds; steady load has policy.Default's 100ms)")
@@ -339,7 +339,7 @@ func pickScenarios(o options) ([]plannedScenario, error) {
 	for _, name := range strings.Split(which, ",") {
 		more, ok := stormlab.ScenariosNamed(strings.TrimSpace(name))
 		if !ok {
-			return nil, fmt.Errorf("-scenario %q: want %s, or several separated by commas", name, stormlab.ScenarioNames)
+			return nil, fmt.Errorf("-scenario %q: want %s, or several separated by commas", name, stormlab.ScenarioNames())
 		}
 		scs = append(scs, more...)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -543,35 +544,51 @@ func wait(ctx context.Context, d time.Duration) {
 	}
 }
 
-// ScenarioNames lists the names ScenariosNamed knows, for a command's help.
-const ScenarioNames = `"published", "overload", "lost-replies", "slow", "all", "herd-20", "herd-80", "herd-320", "herds", "steady-cut", "steady-outage", "steady-gentle" or "steady"`
-
-// scenariosNamed maps each short name to its scenarios.
-var scenariosNamed = map[string]func() []Scenario{
-	"published":    func() []Scenario { return []Scenario{Published()} },
-	"overload":     func() []Scenario { return []Scenario{Overload()} },
-	"lost-replies": func() []Scenario { return []Scenario{LostReplies()} },
-	"slow":         func() []Scenario { return []Scenario{SlowAttempts()} },
-	"all": func() []Scenario {
-		return []Scenario{Published(), Overload(), LostReplies(), SlowAttempts()}
-	},
-	"herd-20":       func() []Scenario { return []Scenario{Herd(20)} },
-	"herd-80":       func() []Scenario { return []Scenario{Herd(80)} },
-	"herd-320":      func() []Scenario { return []Scenario{Herd(320)} },
-	"herds":         Herds,
-	"steady-cut":    func() []Scenario { return []Scenario{SteadyCut()} },
-	"steady-outage": func() []Scenario { return []Scenario{SteadyOutage()} },
-	"steady-gentle": func() []Scenario { return []Scenario{SteadyGentle()} },
-	"steady":        SteadyScenarios,
+// namedScenarios are the short names ScenariosNamed knows, in the order
+// ScenarioNames lists them.
+var namedScenarios = []struct {
+	name string
+	scs  func() []Scenario
+}{
+	{"published", func() []Scenario { return []Scenario{Published()} }},
+	{"overload", func() []Scenario { return []Scenario{Overload()} }},
+	{"lost-replies", func() []Scenario { return []Scenario{LostReplies()} }},
+	{"slow", func() []Scenario { return []Scenario{SlowAttempts()} }},
+	{"all", func() []Scenario { return []Scenario{Published(), Overload(), LostReplies(), SlowAttempts()} }},
+	{"herd-20", func() []Scenario { return []Scenario{Herd(20)} }},
+	{"herd-80", func() []Scenario { return []Scenario{Herd(80)} }},
+	{"herd-320", func() []Scenario { return []Scenario{Herd(320)} }},
+	{"herds", Herds},
+	{"steady-cut", func() []Scenario { return []Scenario{SteadyCut()} }},
+	{"steady-outage", func() []Scenario { return []Scenario{SteadyOutage()} }},
+	{"steady-gentle", func() []Scenario { return []Scenario{SteadyGentle()} }},
+	{"steady", SteadyScenarios},
 }
 
-// ScenariosNamed returns the scenarios a short name stands for (the names
-// of ScenarioNames: "herd-80", "steady-gentle", "herds", ...), and whether
-// the name is known.
-func ScenariosNamed(name string) ([]Scenario, bool) {
-	f, ok := scenariosNamed[name]
-	if !ok {
-		return nil, false
+// ScenarioNames lists the names ScenariosNamed knows, for a command's
+// help: "published", "overload", ... or "steady".
+func ScenarioNames() string {
+	var b strings.Builder
+	for i, n := range namedScenarios {
+		switch {
+		case i == len(namedScenarios)-1:
+			b.WriteString(" or ")
+		case i > 0:
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%q", n.name)
 	}
-	return f(), true
+	return b.String()
+}
+
+// ScenariosNamed returns the scenarios a short name stands for (one of
+// ScenarioNames: "herd-80", "steady-gentle", "herds", ...), and whether the
+// name is known.
+func ScenariosNamed(name string) ([]Scenario, bool) {
+	for _, n := range namedScenarios {
+		if n.name == name {
+			return n.scs(), true
+		}
+	}
+	return nil, false
 }

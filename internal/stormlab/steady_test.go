@@ -414,3 +414,39 @@ func TestSteadyRunOverGRPC(t *testing.T) {
 		t.Errorf("%d latencies, p50 %v", len(res.Latencies), res.Percentile(0.5))
 	}
 }
+
+// Every name ScenarioNames lists stands for scenarios; an unknown one for
+// none.
+func TestScenariosNamed(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		first string
+		n     int
+	}{
+		{"published", Published().Name, 1},
+		{"all", Published().Name, 4},
+		{"herd-80", Herd(80).Name, 1},
+		{"herds", Herd(20).Name, 3},
+		{"steady-gentle", SteadyGentle().Name, 1},
+		{"steady", SteadyCut().Name, 3},
+	} {
+		scs, ok := ScenariosNamed(tc.name)
+		if !ok || len(scs) != tc.n || scs[0].Name != tc.first {
+			t.Errorf("ScenariosNamed(%q) = %d scenarios, first %q, %v; want %d, first %q", tc.name, len(scs), first(scs), ok, tc.n, tc.first)
+		}
+	}
+	want := `"published", "overload", "lost-replies", "slow", "all", "herd-20", "herd-80", "herd-320", "herds", "steady-cut", "steady-outage", "steady-gentle" or "steady"`
+	if got := ScenarioNames(); got != want {
+		t.Errorf("ScenarioNames() = %s\nwant %s", got, want)
+	}
+	if scs, ok := ScenariosNamed("herd-81"); ok || scs != nil {
+		t.Errorf("ScenariosNamed(herd-81) = %v, %v; want none", scs, ok)
+	}
+}
+
+func first(scs []Scenario) string {
+	if len(scs) == 0 {
+		return ""
+	}
+	return scs[0].Name
+}
