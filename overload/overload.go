@@ -31,12 +31,14 @@
 //     metastable loop.
 //   - An interval with fewer refusals brings the rate down to Headroom of
 //     what the server took, if it was above. Without refusals, the rate
-//     rises while attempts wait: to what is known at once; after a hold,
-//     back to what the server sustained before this episode (a cut
-//     capacity may have returned); past that by a quarter per Hold, to at
-//     most a quarter above the attempts that come, and never past a
-//     capacity the server showed in this episode unless it has since taken
-//     more. Intervals with no refusals raise what is known.
+//     rises while attempts wait, once the hold of a setback (if any) is
+//     over: to what is known at once; back to what the server sustained
+//     before this episode (a cut capacity may have returned); past that by
+//     a quarter as soon as an interval at that rate had no refusal, and by
+//     a quarter more per Hold, to at most a quarter above the attempts
+//     that come, and never past a capacity the server showed in this
+//     episode unless it has since taken more. Intervals with no refusals
+//     raise what is known.
 //   - Calm intervals in a row (no refusal, nobody waiting, attempts below
 //     half the rate) end the pacing.
 //
@@ -46,7 +48,9 @@
 // at what the server is known to take, and at least what it sustained
 // before this episode, a waiter whose deadline cannot be met (its wait in
 // the line, then the least time the server took to answer in the last
-// interval) is shed at once with [ErrShed] rather than sent late. At any
+// interval) is shed at once with [ErrShed] rather than sent late. Its wait
+// is told at the rate the line may soon have: a quarter above the
+// attempts that come, unless a capacity the server showed bounds it. At any
 // rate an attempt is shed rather than sent with less time left than every
 // answer of the last interval took ([Controller.AnsweredAfter]): a server
 // that queues answers late, and an attempt sent too late only takes the
@@ -429,7 +433,7 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 // restartLocked sets the rate after the first answer that ends a collapse.
 func (c *Controller) restartLocked(now time.Time) {
 	c.collapsed.Store(false)
-	c.rate, c.growAt = c.freeLocked(), now.Add(c.s.Hold)
+	c.rate, c.growAt = c.freeLocked(), now
 	if c.setbacks > 0 {
 		// The hold runs from the setback: a server that stayed down
 		// while it was left alone has already had that time.
@@ -508,9 +512,6 @@ func (c *Controller) growLocked(now time.Time) {
 		// way lowers what is known and doubles the wait before the next
 		// try (holdLocked).
 		c.rate = min(2*c.rate, c.before)
-		if c.rate == c.before {
-			c.growAt = now.Add(c.s.Hold) // past it only after a hold
-		}
 		return
 	}
 	// Past what is known, the rate grows only to meet the attempts that
@@ -577,7 +578,11 @@ func (c *Controller) tick() {
 // shedLocked refuses the waiters that would not be answered before their
 // deadlines: the one k places from the front (newest) waits about k+1
 // tokens of what is left after newer arrivals, then the least time an
-// answer took in the last interval with answers. While the server is
+// answer took in the last interval with answers. The tokens are those of
+// the rate growLocked may reach while the line waits (a quarter above the
+// arrivals) unless a capacity shown in this episode bounds it: shed on
+// the rate of now, a line that the next step would drain is lost to it.
+// While the server is
 // collapsed, or the rate is still below what the server is known to take
 // or sustained before this episode (it may grow there at any moment), the
 // wait cannot be told, and waiters stay until their own deadlines.
@@ -585,7 +590,11 @@ func (c *Controller) shedLocked(now time.Time) {
 	if c.collapsed.Load() || len(c.line) == 0 || c.rate < max(c.freeLocked(), c.before) {
 		return // the rate is unknown, or still growing: no wait can be told
 	}
-	spare := max(c.rate-float64(c.lastIn), c.rate/10)
+	aim := c.rate
+	if !c.boundLocked() {
+		aim = max(aim, 1.25*float64(c.lastIn)) // growLocked's reach
+	}
+	spare := max(aim-float64(c.lastIn), aim/10)
 	per := float64(c.s.Interval) / spare
 	kept := c.line[:0]
 	n := len(c.line)
