@@ -107,6 +107,22 @@ func waitLine(t *testing.T, c *Controller, n int) {
 	}
 }
 
+// waitLineOrShed spins until n attempts, counted since c began, wait in
+// its line or were shed.
+func waitLineOrShed(t *testing.T, c *Controller, n int) {
+	t.Helper()
+	for i := 0; ; i++ {
+		st := c.State()
+		if st.Waiting+int(st.Shed) == n {
+			return
+		}
+		if i > 1e7 {
+			t.Fatalf("waiting %d, shed %d; want %d in all", st.Waiting, st.Shed, n)
+		}
+		runtime.Gosched()
+	}
+}
+
 // rateOf is the controller's rate in attempts per interval.
 func rateOf(c *Controller) float64 {
 	return c.State().Rate * float64(c.s.Interval) / float64(time.Second)
@@ -490,8 +506,7 @@ func TestFirstRestartGrowsAtOnce(t *testing.T) {
 // Shedding by wait counts the growth to come: while attempts wait the
 // rate may rise to a quarter above the arrivals, so the wait is told at
 // that rate, unless a capacity the server showed in this episode bounds
-// it, or the server answers late (a queue of its own, which a higher rate
-// only fills).
+// it.
 func TestShedWaitCountsGrowth(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -518,16 +533,6 @@ func TestShedWaitCountsGrowth(t *testing.T) {
 			answerProbe(t, c)
 			return c, clk
 		}, 18, 200 * time.Millisecond, true},
-		// Answers take 150ms: spare 6, the oldest goes in about 83ms
-		// and is answered at about 233ms.
-		{"sustained 60, answers late", func(t *testing.T) (*Controller, *fakeClock) {
-			c, clk := calmThenFail(t, 60)
-			clk.Advance(DefaultInterval)
-			answerProbe(t, c)
-			c.AnsweredAfter(150 * time.Millisecond)
-			clk.Advance(DefaultInterval)
-			return c, clk
-		}, 60, 200 * time.Millisecond, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, clk := tc.start(t)
@@ -541,14 +546,7 @@ func TestShedWaitCountsGrowth(t *testing.T) {
 			waitLine(t, c, 1)
 			for id := 1; id < 5; id++ {
 				acquireAsync(ctx, c, id, out)
-				for i := 0; ; i++ { // in the line, or shed
-					if st := c.State(); st.Waiting+int(st.Shed) == id+1 {
-						break
-					} else if i > 1e7 {
-						t.Fatalf("waiting %d, shed %d; want %d in all", st.Waiting, st.Shed, id+1)
-					}
-					runtime.Gosched()
-				}
+				waitLineOrShed(t, c, id+1)
 			}
 			if got := c.State().Shed == 1; got != tc.shed {
 				t.Errorf("oldest shed: %v, want %v", got, tc.shed)
@@ -716,16 +714,16 @@ func TestLateAttemptsAreShed(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
 	clk.Advance(DefaultInterval)
 	answerProbe(t, c) // restarts at 60 an interval
-	for _, d := range []time.Duration{900 * time.Millisecond, 800 * time.Millisecond, time.Second} {
+	for _, d := range []time.Duration{90 * time.Millisecond, 80 * time.Millisecond, 100 * time.Millisecond} {
 		c.AnsweredAfter(d)
 	}
-	clk.Advance(DefaultInterval) // the last interval's answers took at least 800ms
+	clk.Advance(DefaultInterval) // the last interval's answers took at least 80ms
 	setBucket(c, 60, 10, 0)
 
-	short, cancelShort := deadlineIn(clk, 790*time.Millisecond)
+	short, cancelShort := deadlineIn(clk, 79*time.Millisecond)
 	defer cancelShort()
 	if _, err := c.Acquire(short); !errors.Is(err, ErrShed) {
-		t.Fatalf("790ms left, answers take 800ms: Acquire = %v, want ErrShed", err)
+		t.Fatalf("79ms left, answers take 80ms: Acquire = %v, want ErrShed", err)
 	}
 	long, cancelLong := deadlineIn(clk, 2*time.Second)
 	defer cancelLong()
@@ -734,14 +732,14 @@ func TestLateAttemptsAreShed(t *testing.T) {
 	}
 
 	// At 5 an interval, nothing left in the bucket: an old waiter with
-	// time, then a newer one with 815ms. The next token comes 20ms later,
-	// for the newer one, which has 795ms left by then: it is shed, and the
+	// time, then a newer one with 95ms. The next token comes 20ms later,
+	// for the newer one, which has 75ms left by then: it is shed, and the
 	// token goes to the old one.
 	setBucket(c, 5, 0, 0)
 	out := make(chan grant, 3)
 	acquireAsync(long, c, 0, out)
 	waitLine(t, c, 1)
-	tight, cancelTight := deadlineIn(clk, 815*time.Millisecond)
+	tight, cancelTight := deadlineIn(clk, 95*time.Millisecond)
 	defer cancelTight()
 	acquireAsync(tight, c, 1, out)
 	waitLine(t, c, 2)
@@ -752,7 +750,7 @@ func TestLateAttemptsAreShed(t *testing.T) {
 		got[g.id] = g.err
 	}
 	if got[0] != nil || !errors.Is(got[1], ErrShed) {
-		t.Fatalf("old waiter: %v, newer with 795ms left: %v; want nil and ErrShed", got[0], got[1])
+		t.Fatalf("old waiter: %v, newer with 75ms left: %v; want nil and ErrShed", got[0], got[1])
 	}
 	if st := c.State(); st.Shed != 2 {
 		t.Fatalf("shed %d, want 2", st.Shed)
@@ -775,19 +773,82 @@ func TestLateAttemptsAreShed(t *testing.T) {
 
 // Shedding by wait counts the time answers take too: at 60 an interval
 // with 60 arriving, the rate may grow to 75, so the newest waiter's turn
-// comes in about 7ms, and its answer 800ms later, past its 805ms.
+// comes in about 7ms, and its answer 80ms later, past its 85ms.
 func TestShedWaitCountsAnswerTime(t *testing.T) {
-	c, clk := calmThenFail(t, 60)
-	clk.Advance(DefaultInterval)
-	answerProbe(t, c)
-	c.AnsweredAfter(800 * time.Millisecond)
-	clk.Advance(DefaultInterval)
+	c, clk := answersTook(t, 80*time.Millisecond)
 	setBucket(c, 60, 0, 60)
-	ctx, cancel := deadlineIn(clk, 805*time.Millisecond)
+	ctx, cancel := deadlineIn(clk, 85*time.Millisecond)
 	defer cancel()
 	if _, err := c.Acquire(ctx); !errors.Is(err, ErrShed) {
 		t.Fatalf("Acquire = %v, want ErrShed", err)
 	}
+}
+
+// While answers take an Interval or more (the server keeps a queue of its
+// own) the line is served oldest first, and a waiter is shed when the
+// waiters kept ahead of it, then the answer time, leave it too late: the
+// earliest deadlines that can still be met go first.
+func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
+	c, clk := answersTook(t, 300*time.Millisecond)
+
+	// At 5 an interval (below what is known: no shedding by wait), three
+	// waiters with time: a token every 20ms, oldest first.
+	setBucket(c, 5, 0, 0)
+	out := make(chan grant, 3)
+	var cancels []context.CancelFunc
+	defer func() {
+		for _, cancel := range cancels {
+			cancel()
+		}
+	}()
+	for id := range 3 {
+		ctx, cancel := deadlineIn(clk, 2*time.Second)
+		cancels = append(cancels, cancel)
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	for want := range 3 {
+		clk.Advance(DefaultInterval / 5)
+		if g := <-out; g.id != want || g.err != nil {
+			t.Fatalf("token %d went to %+v, want waiter %d", want, g, want)
+		}
+	}
+
+	// At 60, a token per 1.7ms: the oldest, with 305ms, goes first and is
+	// answered in time; the next, with 302ms, would be answered at about
+	// 303ms and is shed; the one after, with 2s, takes its place.
+	setBucket(c, 60, 0, 60)
+	deadlines := []time.Duration{305 * time.Millisecond, 302 * time.Millisecond, 2 * time.Second}
+	out = make(chan grant, len(deadlines))
+	for id, d := range deadlines {
+		ctx, cancel := deadlineIn(clk, d)
+		cancels = append(cancels, cancel)
+		acquireAsync(ctx, c, id, out)
+		waitLineOrShed(t, c, id+1)
+	}
+	if g := <-out; g.id != 1 || !errors.Is(g.err, ErrShed) {
+		t.Fatalf("first result %+v, want waiter 1 shed", g)
+	}
+	clk.Advance(2 * time.Millisecond)
+	if g := <-out; g.id != 0 || g.err != nil {
+		t.Fatalf("first token went to %+v, want waiter 0", g)
+	}
+	clk.Advance(2 * time.Millisecond)
+	if g := <-out; g.id != 2 || g.err != nil {
+		t.Fatalf("second token went to %+v, want waiter 2", g)
+	}
+}
+
+// answersTook is a controller that paces at the 60 an interval it
+// sustained before, the answers of its last interval having taken d.
+func answersTook(t *testing.T, d time.Duration) (*Controller, *fakeClock) {
+	t.Helper()
+	c, clk := calmThenFail(t, 60)
+	clk.Advance(DefaultInterval)
+	answerProbe(t, c)
+	c.AnsweredAfter(d)
+	clk.Advance(DefaultInterval)
+	return c, clk
 }
 
 // setBucket sets the rate, the tokens left now and the arrivals of the
