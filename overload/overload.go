@@ -640,17 +640,11 @@ func (c *Controller) shedLocked(now time.Time) {
 	c.line = kept
 }
 
-// oldestFirstLocked reports whether the line is served oldest first: the
-// least answer time of the last interval with answers was an Interval or
-// more, so the server keeps a queue of its own and answers every attempt
-// about that late. The callers it can still answer in time are then those
-// with more time left than that; newest first would keep sending the
-// newest, who could wait, while the oldest run out of time in the line
-// one after another and are shed, callers the server's own queue would
-// have answered. Oldest first, with every caller that cannot be answered
-// in time shed (lateLocked, shedLocked), is earliest deadline first, which
-// gets the most callers through such a backlog. A server that answers at
-// once gives no such time, and newest first keeps its answers fast.
+// oldestFirstLocked reports whether the line is served oldest first:
+// every answer of the last interval with answers took an Interval or more,
+// so the server keeps a queue of its own and the callers it can still
+// answer in time are those with more time left than that (the package doc
+// says why oldest first then gets the most of them through).
 func (c *Controller) oldestFirstLocked() bool { return c.lastTook >= c.s.Interval }
 
 // shedOneLocked refuses waiter w with ErrShed; the caller takes it out of
