@@ -31,14 +31,12 @@
 //     metastable loop.
 //   - An interval with fewer refusals brings the rate down to Headroom of
 //     what the server took, if it was above. Without refusals, the rate
-//     rises while attempts wait, once the hold of a setback (if any) is
-//     over: to what is known at once; back to what the server sustained
-//     before this episode (a cut capacity may have returned); past that by
-//     a quarter as soon as an interval at that rate had no refusal, and by
-//     a quarter more per Hold, to at most a quarter above the attempts
-//     that come, and never past a capacity the server showed in this
-//     episode unless it has since taken more. Intervals with no refusals
-//     raise what is known.
+//     rises while attempts wait: to what is known at once; after a hold,
+//     back to what the server sustained before this episode (a cut
+//     capacity may have returned); past that by a quarter per Hold, to at
+//     most a quarter above the attempts that come, and never past a
+//     capacity the server showed in this episode unless it has since taken
+//     more. Intervals with no refusals raise what is known.
 //   - Calm intervals in a row (no refusal, nobody waiting, attempts below
 //     half the rate) end the pacing.
 //
@@ -48,9 +46,7 @@
 // at what the server is known to take, and at least what it sustained
 // before this episode, a waiter whose deadline cannot be met (its wait in
 // the line, then the least time the server took to answer in the last
-// interval) is shed at once with [ErrShed] rather than sent late. Its wait
-// is told at the rate the line may soon have: a quarter above the
-// attempts that come, unless a capacity the server showed bounds it. At any
+// interval) is shed at once with [ErrShed] rather than sent late. At any
 // rate an attempt is shed rather than sent with less time left than every
 // answer of the last interval took ([Controller.AnsweredAfter]): a server
 // that queues answers late, and an attempt sent too late only takes the
@@ -446,7 +442,7 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 // restartLocked sets the rate after the first answer that ends a collapse.
 func (c *Controller) restartLocked(now time.Time) {
 	c.collapsed.Store(false)
-	c.rate, c.growAt = c.freeLocked(), now
+	c.rate, c.growAt = c.freeLocked(), now.Add(c.s.Hold)
 	if c.setbacks > 0 {
 		// The hold runs from the setback: a server that stayed down
 		// while it was left alone has already had that time.
@@ -525,6 +521,9 @@ func (c *Controller) growLocked(now time.Time) {
 		// way lowers what is known and doubles the wait before the next
 		// try (holdLocked).
 		c.rate = min(2*c.rate, c.before)
+		if c.rate == c.before {
+			c.growAt = now.Add(c.s.Hold) // past it only after a hold
+		}
 		return
 	}
 	// Past what is known, the rate grows only to meet the attempts that
@@ -603,12 +602,9 @@ func (c *Controller) tick() {
 // be told, and waiters stay until their own deadlines.
 //
 // Served newest first, the one k places from the newest waits about k+1
-// tokens of what is left after newer arrivals, at the rate growLocked may
-// reach while the line waits (a quarter above the arrivals): shed on the
-// rate of now, a line that the next step would drain is lost to it. Not
-// so when a capacity shown in this episode bounds the rate. Served oldest
-// first (oldestFirstLocked), the one with k kept ahead of it waits k+1
-// tokens of the rate, later arrivals queueing behind it.
+// tokens of what is left after newer arrivals. Served oldest first
+// (oldestFirstLocked), the one with k kept ahead of it waits k+1 tokens of
+// the rate, later arrivals queueing behind it.
 func (c *Controller) shedLocked(now time.Time) {
 	if c.collapsed.Load() || len(c.line) == 0 || c.rate < max(c.freeLocked(), c.before) {
 		return // the rate is unknown, or still growing: no wait can be told
@@ -616,11 +612,7 @@ func (c *Controller) shedLocked(now time.Time) {
 	oldest := c.oldestFirstLocked()
 	per := float64(c.s.Interval) / c.rate
 	if !oldest {
-		aim := c.rate
-		if !c.boundLocked() {
-			aim = max(aim, 1.25*float64(c.lastIn)) // growLocked's reach
-		}
-		per = float64(c.s.Interval) / max(aim-float64(c.lastIn), aim/10)
+		per = float64(c.s.Interval) / max(c.rate-float64(c.lastIn), c.rate/10)
 	}
 	kept := c.line[:0]
 	n := len(c.line)

@@ -29,11 +29,9 @@ type Settings struct {
 	// (0.5).
 	MinFailures  int
 	FailureRatio float64
-	// Hold is how long, after a collapse under a rate the controller
-	// chose, the rate stays at what the server is known to take before it
-	// grows (doubled for each further collapse in an episode), and how
-	// long it stays at each step of growth past what is known, after the
-	// first. 0 means DefaultHold (500ms).
+	// Hold is how long the rate stays where a recovery put it before it
+	// grows past what the server is known to take, and how long it stays
+	// at each step of that growth. 0 means DefaultHold (500ms).
 	Hold time.Duration
 	// Calm is how many Intervals in a row with no overload failure and no
 	// attempt kept waiting end the pacing. 0 means DefaultCalm (10).
