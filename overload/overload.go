@@ -59,8 +59,8 @@
 // newest, who could wait, while the oldest run out of time one after
 // another. With every caller that cannot be answered in time shed, oldest
 // first is earliest deadline first, which gets the most callers through a
-// backlog that can be served in time (in the storm lab's gentle cut, 98 %
-// of calls ok against 96 % newest first).
+// backlog that can be served in time (in the storm lab's gentle cut,
+// 96.7-97.2 % of calls ok in 10 runs, against 94.4-96.8 % newest first).
 package overload
 
 import (
