@@ -546,8 +546,9 @@ func (c *Controller) refillLocked(now time.Time) {
 	}
 }
 
-// serveLocked hands tokens to the newest waiters, sheds those that cannot
-// be served in time, and arms the timer for the next token.
+// serveLocked hands tokens to the waiters in the line's order (newest
+// first, or oldest first behind a server that answers late), sheds those
+// that cannot be served in time, and arms the timer for the next token.
 func (c *Controller) serveLocked(now time.Time) {
 	c.refillLocked(now)
 	oldest := c.oldestFirstLocked()
