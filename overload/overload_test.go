@@ -737,11 +737,13 @@ func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 		}
 	}
 
-	// At 60, a token per 1.7ms: the oldest, with 305ms, goes first and is
-	// answered in time; the next, with 302ms, would be answered at about
-	// 303ms and is shed; the one after, with 2s, takes its place.
+	// At 60, a token per 1.7ms: the oldest, with 304.5ms, goes first and
+	// is answered at about 302ms; the next, with 302ms, would be answered
+	// at about 303ms and is shed; the one after, with 2s, takes its place.
+	// (Counted from the newest end instead, the oldest would have two
+	// ahead of it and be shed too.)
 	setBucket(c, 60, 0, 60)
-	deadlines := []time.Duration{305 * time.Millisecond, 302 * time.Millisecond, 2 * time.Second}
+	deadlines := []time.Duration{304500 * time.Microsecond, 302 * time.Millisecond, 2 * time.Second}
 	out = make(chan grant, len(deadlines))
 	for id, d := range deadlines {
 		ctx, cancel := deadlineIn(clk, d)
