@@ -99,15 +99,16 @@ func shedError(n int, last error) error {
 	return &RetryError{Attempts: n - 1, Outcome: OutcomeShed, Err: last}
 }
 
-// attemptDoneAfter is attemptDone for an attempt sent at sent (zero: not
-// timed) to a target with a controller: an answer tells the controller how
-// long it took.
+// attemptDoneAfter is attemptDone for an attempt sent at sent (zero: sent
+// while the controller was calm, and not timed) to a target with a
+// controller: an answer tells the controller how long it took, or that it
+// was sent before any pacing that is on now.
 func attemptDoneAfter(ctl *overload.Controller, err error, clk clock, sent time.Time) {
 	switch {
 	case err != nil:
 		attemptDone(ctl, err)
-	case sent.IsZero(): // calm: one call deep, as attemptDone's answer
-		ctl.Answered()
+	case sent.IsZero(): // sent while calm: one call deep, as attemptDone's answer
+		ctl.AnsweredSentCalm()
 	default:
 		ctl.AnsweredAfter(clk.Now().Sub(sent))
 	}

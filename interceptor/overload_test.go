@@ -344,19 +344,76 @@ func TestOverloadLearnsAnswerTimes(t *testing.T) {
 					t.Fatalf("answer %d: %v", i, err)
 				}
 			}
-			sent := len(srv.Attempts())
-			ctx, cancel := context.WithDeadline(context.Background(), clk.Now().Add(200*time.Millisecond))
-			defer cancel()
-			_, err = c.UnaryCall(ctx, &grpc_testing.SimpleRequest{})
-			var re *RetryError
-			if !errors.As(err, &re) || re.Outcome != OutcomeShed || len(srv.Attempts()) != sent {
-				t.Fatalf("200ms left, answers take 400ms: %v, %d attempts sent; want it shed, none sent", err, len(srv.Attempts())-sent)
-			}
-			ctx, cancel = context.WithDeadline(context.Background(), clk.Now().Add(2*time.Second))
-			defer cancel()
-			if _, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{}); err != nil {
-				t.Fatalf("2s left: %v", err)
-			}
+			wantShedThenSent(t, srv, c, clk)
 		})
+	}
+}
+
+// A call sent while the controller was calm and answered after pacing
+// began took at least as long as the pacing has lasted, and the
+// interceptor says so: answered 400ms into the episode, it makes a call
+// with 200ms left shed without being sent, a server's queue seen before
+// any paced attempt is answered. A call with 2s left goes.
+func TestOverloadAnswerSentWhileCalm(t *testing.T) {
+	clk := newFakeClock()
+	arrived, release := make(chan struct{}), make(chan struct{})
+	sc := fail(codes.Unavailable, codes.Unavailable, codes.Unavailable, codes.OK)
+	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, req *grpc_testing.SimpleRequest) (*grpc_testing.SimpleResponse, error) {
+		if req.GetResponseSize() == 1 { // the slow call, sent while calm
+			close(arrived)
+			<-release
+			return &grpc_testing.SimpleResponse{}, nil
+		}
+		return sc.unary(ctx, req)
+	}})
+	ic, err := New(withClock(clk), withRand(fixedRand(0.5)), WithoutBreaker(),
+		WithPolicy(policy.Policy{MaxAttempts: 1}), WithOverloadControl(overload.Settings{MinFailures: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	slow := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		_, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{ResponseSize: 1})
+		slow <- err
+	}()
+	<-arrived
+	for range 3 {
+		if err := call(t, c); status.Code(err) != codes.Unavailable {
+			t.Fatalf("scripted failure: %v", err)
+		}
+	}
+	ctl := ic.controllerFor(testserver.Target)
+	if !ctl.Pacing() {
+		t.Fatal("not pacing after the refusals")
+	}
+	clk.advance(400 * time.Millisecond)
+	close(release)
+	if err := <-slow; err != nil {
+		t.Fatalf("slow call: %v", err)
+	}
+	clk.advance(100 * time.Millisecond) // its interval ends
+
+	wantShedThenSent(t, srv, c, clk)
+}
+
+// wantShedThenSent checks, after answers that took 400ms, that a call with
+// 200ms left is shed without being sent, and that one with 2s goes.
+func wantShedThenSent(t *testing.T, srv *testserver.Server, c grpc_testing.TestServiceClient, clk *fakeClock) {
+	t.Helper()
+	sent := len(srv.Attempts())
+	ctx, cancel := context.WithDeadline(context.Background(), clk.Now().Add(200*time.Millisecond))
+	defer cancel()
+	_, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{})
+	var re *RetryError
+	if !errors.As(err, &re) || re.Outcome != OutcomeShed || len(srv.Attempts()) != sent {
+		t.Fatalf("200ms left, answers take 400ms: %v, %d attempts sent; want it shed, none sent", err, len(srv.Attempts())-sent)
+	}
+	ctx, cancel = context.WithDeadline(context.Background(), clk.Now().Add(2*time.Second))
+	defer cancel()
+	if _, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{}); err != nil {
+		t.Fatalf("2s left: %v", err)
 	}
 }

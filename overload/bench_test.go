@@ -6,7 +6,7 @@ import (
 )
 
 // BenchmarkCalmAttempt is what a calm target's attempt costs: Acquire
-// before, Answered after.
+// before, AnsweredSentCalm after (as the interceptor reports it).
 func BenchmarkCalmAttempt(b *testing.B) {
 	c, err := New(Settings{})
 	if err != nil {
@@ -18,6 +18,6 @@ func BenchmarkCalmAttempt(b *testing.B) {
 		if _, err := c.Acquire(ctx); err != nil {
 			b.Fatal(err)
 		}
-		c.Answered()
+		c.AnsweredSentCalm()
 	}
 }

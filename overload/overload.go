@@ -59,8 +59,13 @@
 // newest, who could wait, while the oldest run out of time one after
 // another. With every caller that cannot be answered in time shed, oldest
 // first is earliest deadline first, which gets the most callers through a
-// backlog that can be served in time (in the storm lab's gentle cut,
-// 96.7-97.2 % of calls ok in 10 runs, against 94.4-96.8 % newest first).
+// backlog that can be served in time. An answer to an attempt sent before
+// the pacing began ([Controller.AnsweredSentCalm]) took at least as long as
+// the pacing has lasted, so the queue shows as soon as those answers come
+// in, a whole queue's wait before a paced attempt is answered. In the storm
+// lab's gentle cut: 99.8-99.9 % of calls ok in 9 runs, against 96.7-97.2 %
+// when only paced attempts' answers told the time, and 94.4-96.8 % newest
+// first.
 package overload
 
 import (
@@ -117,6 +122,7 @@ type Controller struct {
 	sent     int           // attempts let through in the current interval
 	lastIn   int           // in the last closed one
 	took     time.Duration // least time an answer took in the current interval; 0: none timed
+	began    time.Time     // when this episode began
 	lastTook time.Duration // the same for the last closed interval with answers
 	waited   bool
 	quiet    int       // calm intervals in a row
@@ -236,7 +242,7 @@ func (c *Controller) Answered() {
 	if !c.pacing.Load() {
 		c.ok.Add(1)
 	} else {
-		c.answeredPacing(0)
+		c.answeredPacing(0, false)
 	}
 }
 
@@ -251,7 +257,23 @@ func (c *Controller) AnsweredAfter(d time.Duration) {
 	if !c.pacing.Load() {
 		c.ok.Add(1)
 	} else {
-		c.answeredPacing(max(d, 1))
+		c.answeredPacing(max(d, 1), false)
+	}
+}
+
+// AnsweredSentCalm is Answered for an attempt sent while the controller
+// was calm (Pacing reported false before it was sent), whose time was not
+// taken so that the calm path stays cheap. Answered while pacing, it was
+// sent before this episode began, so its answer took at least as long as
+// the episode has lasted: the controller counts that time as it counts
+// AnsweredAfter's. A server that queues is then seen to answer late as
+// soon as the answers to the attempts sent before the overload come in,
+// a whole queue's wait before the first paced attempt is answered.
+func (c *Controller) AnsweredSentCalm() {
+	if !c.pacing.Load() {
+		c.ok.Add(1)
+	} else {
+		c.answeredPacing(0, true)
 	}
 }
 
@@ -274,13 +296,17 @@ func (c *Controller) Done(o Outcome) {
 }
 
 // answeredPacing counts an answer while pacing, that took d (0: not
-// known): it may end a collapse, or grow a slow start.
-func (c *Controller) answeredPacing(d time.Duration) {
+// known), or was sent before the episode began (sentCalm): it may end a
+// collapse, or grow a slow start.
+func (c *Controller) answeredPacing(d time.Duration, sentCalm bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.s.Now()
 	c.advanceLocked(now) // the answer belongs to the interval now
 	c.ok.Add(1)
+	if sentCalm {
+		d = max(now.Sub(c.began), 1) // at least: it was sent before
+	}
 	if d > 0 && (c.took == 0 || d < c.took) {
 		c.took = d
 	}
@@ -330,6 +356,7 @@ func (c *Controller) beginLocked(now time.Time) {
 	c.growAt = time.Time{}
 	c.arrived, c.sent, c.lastIn, c.waited = 0, 0, 0, false
 	c.took, c.lastTook = 0, 0
+	c.began = now
 }
 
 // endLocked stops pacing and lets every waiter go.

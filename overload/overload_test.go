@@ -196,7 +196,7 @@ func TestCalmPathAllocatesNothing(t *testing.T) {
 		if _, err := c.Acquire(ctx); err != nil {
 			t.Fatal(err)
 		}
-		c.Answered()
+		c.AnsweredSentCalm() // what the interceptor reports after a calm attempt
 	})
 	if allocs != 0 {
 		t.Errorf("allocs per calm attempt = %v, want 0", allocs)
@@ -714,28 +714,13 @@ func TestShedWaitCountsAnswerTime(t *testing.T) {
 func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 	c, clk := answersTook(t, 300*time.Millisecond)
 
-	// At 5 an interval (below what is known: no shedding by wait), three
-	// waiters with time: a token every 20ms, oldest first.
-	setBucket(c, 5, 0, 0)
-	out := make(chan grant, 3)
+	wantOldestFirst(t, c, clk)
 	var cancels []context.CancelFunc
 	defer func() {
 		for _, cancel := range cancels {
 			cancel()
 		}
 	}()
-	for id := range 3 {
-		ctx, cancel := deadlineIn(clk, 2*time.Second)
-		cancels = append(cancels, cancel)
-		acquireAsync(ctx, c, id, out)
-		waitLine(t, c, id+1)
-	}
-	for want := range 3 {
-		clk.Advance(DefaultInterval / 5)
-		if g := <-out; g.id != want || g.err != nil {
-			t.Fatalf("token %d went to %+v, want waiter %d", want, g, want)
-		}
-	}
 
 	// At 60, a token per 1.7ms: the oldest, with 304.5ms, goes first and
 	// is answered at about 302ms; the next, with 302ms, would be answered
@@ -744,7 +729,7 @@ func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 	// ahead of it and be shed too.)
 	setBucket(c, 60, 0, 60)
 	deadlines := []time.Duration{304500 * time.Microsecond, 302 * time.Millisecond, 2 * time.Second}
-	out = make(chan grant, len(deadlines))
+	out := make(chan grant, len(deadlines))
 	for id, d := range deadlines {
 		ctx, cancel := deadlineIn(clk, d)
 		cancels = append(cancels, cancel)
@@ -761,6 +746,67 @@ func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 	clk.Advance(2 * time.Millisecond)
 	if g := <-out; g.id != 2 || g.err != nil {
 		t.Fatalf("second token went to %+v, want waiter 2", g)
+	}
+}
+
+// An answer to an attempt sent while calm took at least as long as the
+// pacing has lasted: 150ms into the episode, such an answer makes the
+// answers of its interval take at least 150ms, so a caller with 140ms
+// left is shed and the line is served oldest first, a whole queue's wait
+// before a paced attempt's own answer would say so. An answer whose time
+// is not known (Answered: a stream's) teaches nothing, and a timed answer
+// that came sooner is the least time.
+func TestAnswerSentCalmTookAtLeastTheEpisode(t *testing.T) {
+	c, clk := calmThenFail(t, 60) // pacing began now
+	clk.Advance(DefaultInterval + DefaultInterval/2)
+	c.AnsweredSentCalm() // restarts at 60 an interval
+	clk.Advance(DefaultInterval)
+	setBucket(c, 60, 10, 0)
+	short, cancelShort := deadlineIn(clk, 140*time.Millisecond)
+	defer cancelShort()
+	if _, err := c.Acquire(short); !errors.Is(err, ErrShed) {
+		t.Fatalf("140ms left, an answer sent before the episode 150ms ago: Acquire = %v, want ErrShed", err)
+	}
+
+	wantOldestFirst(t, c, clk)
+
+	for _, tc := range []struct {
+		name   string
+		answer func()
+	}{
+		{"not timed", func() { c.Answered() }},
+		{"timed sooner", func() { c.AnsweredSentCalm(); c.AnsweredAfter(20 * time.Millisecond) }},
+	} {
+		clk.Advance(DefaultInterval)
+		tc.answer()
+		clk.Advance(DefaultInterval)
+		setBucket(c, 60, 10, 0)
+		short, cancelShort := deadlineIn(clk, 140*time.Millisecond)
+		defer cancelShort()
+		if _, err := c.Acquire(short); err != nil {
+			t.Fatalf("%s: 140ms left: Acquire = %v, want nil", tc.name, err)
+		}
+	}
+}
+
+// wantOldestFirst checks that c serves its line oldest first: at 5 an
+// interval (below what is known: no shedding by wait), three waiters with
+// time get a token every 20ms, oldest first.
+func wantOldestFirst(t *testing.T, c *Controller, clk *fakeClock) {
+	t.Helper()
+	setBucket(c, 5, 0, 0)
+	out := make(chan grant, 3)
+	for id := range 3 {
+		ctx, cancel := deadlineIn(clk, 2*time.Second)
+		defer cancel()
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	for want := range 3 {
+		clk.Advance(DefaultInterval / 5)
+		if g := <-out; g.id != want || g.err != nil {
+			t.Fatalf("token %d went to %+v, want waiter %d", want, g, want)
+		}
 	}
 }
 
