@@ -108,6 +108,12 @@ type retryStream struct {
 	breakerDone  func(herdguard.Verdict)
 	breakerState breaker.State // as last seen, to record changes as span events
 	unwatch      func() bool   // stops watching the caller's context
+	// ended is done once the stream's end is recorded (the call span
+	// ended, the call counted). A goroutine that finds the stream ended by
+	// another, as when the caller's context ends and the watcher ends it,
+	// waits for it before it reports the end to the caller, as gRPC's own
+	// stream records its end before RecvMsg returns it.
+	ended sync.WaitGroup
 
 	// The replay buffer: every message sent before commit, encoded back to
 	// back in buf (ends[i] is where message i ends), all of type msgType,
@@ -162,6 +168,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	}
 	s := &retryStream{ic: ic, p: p, tracer: ic.tracing.tracer(), desc: desc, cc: cc, method: method,
 		streamer: streamer, opts: opts, limit: limit}
+	s.ended.Add(1)
 	if s.tracer != nil {
 		ctx, s.span = startCall(ctx, s.tracer, method, targetOf(cc))
 	}
@@ -606,6 +613,7 @@ func (s *retryStream) RecvMsg(m any) error {
 		if s.finished && (!s.committed || a.cs == nil) {
 			err := s.finalLocked()
 			s.mu.Unlock()
+			s.ended.Wait()
 			return err
 		}
 		if s.committed {
@@ -807,6 +815,7 @@ func (s *retryStream) commitNow() *streamAttempt {
 func (s *retryStream) finishUnlock(err error, release bool) {
 	if s.finished {
 		s.mu.Unlock()
+		s.ended.Wait() // another goroutine is recording the end
 		return
 	}
 	s.finished, s.err = true, err
@@ -868,6 +877,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	}
 	s.endSpan(err)
 	s.ic.metering.call(s.ctx, s.method, s.outcome)
+	s.ended.Done()
 }
 
 // breakerChangedLocked records a change of the breaker's state since it was

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
@@ -396,5 +397,80 @@ func TestSpanRPCAttributes(t *testing.T) {
 		if got, ok := a["error.type"]; ok != (code != "OK") || (ok && got.AsString() != code) {
 			t.Errorf("attempt with status %s has error.type %q (set: %v)", code, got.AsString(), ok)
 		}
+	}
+}
+
+// holdCallEnd is a span processor that holds the end of a call span (a
+// client span) until released, and says when one began to end.
+type holdCallEnd struct {
+	sdktrace.SpanProcessor
+	ending  chan struct{}
+	release chan struct{}
+}
+
+func (h *holdCallEnd) OnEnd(s sdktrace.ReadOnlySpan) {
+	if s.SpanKind() == trace.SpanKindClient {
+		close(h.ending)
+		<-h.release
+	}
+	h.SpanProcessor.OnEnd(s)
+}
+
+// When the caller's context ends a stream, the watcher ends it on its own
+// goroutine; a RecvMsg that finds it ended reports the end only once the
+// call span has ended (as gRPC's stream records its end before RecvMsg
+// returns it), so that whoever reads the spans after RecvMsg finds it. The
+// call span's end is held here: RecvMsg must still wait when it is let go.
+func TestStreamEndRecordedBeforeRecvReturns(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{Bidi: func(ss testgrpc.TestService_FullDuplexCallServer) error {
+		for {
+			m, err := ss.Recv()
+			if err != nil {
+				return err
+			}
+			if err := ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: m.GetPayload()}); err != nil {
+				return err
+			}
+		}
+	}})
+	rec := tracetest.NewSpanRecorder()
+	hold := &holdCallEnd{SpanProcessor: rec, ending: make(chan struct{}), release: make(chan struct{})}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(hold))
+	c, _ := streamClient(t, srv, WithTracerProvider(tp))
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	stream, err := c.FullDuplexCall(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	cancel() // the watcher ends the stream, and the call span's end is held
+	select {
+	case <-hold.ending:
+	case <-time.After(callTimeout):
+		t.Fatal("the call span never began to end after the context ended")
+	}
+	recvErr := make(chan error, 1)
+	go func() {
+		_, err := stream.Recv()
+		recvErr <- err
+	}()
+	select {
+	case err := <-recvErr:
+		close(hold.release)
+		t.Fatalf("RecvMsg returned %v while the call span had not ended", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(hold.release)
+	if err := <-recvErr; status.Code(err) != codes.Canceled {
+		t.Fatalf("RecvMsg after the context ended: %v, want Canceled", err)
+	}
+	if calls := spansNamed(rec.Ended(), "grpc.testing.TestService/FullDuplexCall"); len(calls) != 1 {
+		t.Fatalf("%d call spans ended, want 1", len(calls))
 	}
 }
