@@ -122,11 +122,11 @@ type Controller struct {
 	sent     int           // attempts let through in the current interval
 	lastIn   int           // in the last closed one
 	took     time.Duration // least time an answer took in the current interval; 0: none timed
-	began    time.Time     // when this episode began
 	lastTook time.Duration // the same for the last closed interval with answers
 	waited   bool
 	quiet    int       // calm intervals in a row
 	before   float64   // what was known when this episode began
+	began    time.Time // when this episode began
 	setbacks int       // collapses under a rate this controller chose, in this episode
 	setback  time.Time // when the last one was seen
 	growAt   time.Time // no growth past what is known before this
@@ -580,15 +580,13 @@ func (c *Controller) serveLocked(now time.Time) {
 	c.refillLocked(now)
 	oldest := c.oldestFirstLocked()
 	for len(c.line) > 0 && c.tokens >= 1 {
-		var w *waiter
+		i := len(c.line) - 1 // the newest
 		if oldest {
-			w = c.line[0]
-			c.line = slices.Delete(c.line, 0, 1)
-		} else {
-			w = c.line[len(c.line)-1]
-			c.line = c.line[:len(c.line)-1]
+			i = 0
 		}
-		if c.lateLocked(w.deadline, now) { // the token goes to the next
+		w := c.line[i]
+		c.line = slices.Delete(c.line, i, i+1) // and lets go of w
+		if c.lateLocked(w.deadline, now) {     // the token goes to the next
 			c.shedOneLocked(w)
 			continue
 		}
