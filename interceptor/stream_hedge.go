@@ -308,6 +308,12 @@ func (s *retryStream) hedgeFailedLocked(a *streamAttempt, err error) (over bool,
 	}
 	h.last = err
 	if present && ok {
+		if h.noMore || s.attempts >= h.max {
+			// No hedge may follow: the pushback has nothing to delay, and
+			// with nothing else in flight the stream is over.
+			over, ferr := s.hedgeExhaustedLocked()
+			return over, ferr, false
+		}
 		if len(h.live)+len(h.opening) == 0 && s.deadlineBefore(wait) {
 			s.outcome = OutcomeDeadline
 			return true, &RetryError{Attempts: s.attempts, Outcome: OutcomeDeadline, Err: err}, false

@@ -274,6 +274,33 @@ func TestHedgedStreamNonFatalAndFatal(t *testing.T) {
 		clk.Advance(time.Hour)
 		sc.none(t)
 	})
+	t.Run("the last allowed attempt pushed back", func(t *testing.T) {
+		// A pushback delays the next hedge; when none may follow, the
+		// stream ends with the last failure at once instead of waiting
+		// for a timer that was never armed.
+		sc := newStreamScript()
+		for n := 1; n <= 2; n++ {
+			sc.on(n, func(ss grpc.ServerStream) error {
+				ss.SetTrailer(metadata.Pairs(PushbackTrailerKey, "10"))
+				return status.Error(codes.Unavailable, fmt.Sprint("down ", n))
+			})
+		}
+		srv, clk := startStreamScript(t, sc), newManualClock()
+		c := hedgedStreamClient(t, srv, clk, hedging(2, codes.Unavailable))
+		s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc.wait(t, 1)
+		clk.waitArmed(t, 10*time.Millisecond)
+		clk.Advance(10 * time.Millisecond)
+		sc.wait(t, 2)
+		_, err = s.Recv() // ctxT's deadline fails the test if this hangs
+		var re *RetryError
+		if !errors.As(err, &re) || re.Outcome != OutcomeExhausted || re.Attempts != 2 || status.Convert(err).Message() != "down 2" {
+			t.Errorf("Recv: %v; want an exhausted RetryError with the second attempt's Unavailable", err)
+		}
+	})
 	t.Run("all non-fatal", func(t *testing.T) {
 		sc := newStreamScript()
 		for n := 1; n <= 3; n++ {
