@@ -18,9 +18,10 @@
 //     the server took some attempts in that interval, their number is the
 //     capacity it showed.
 //   - The first answer after that restarts the rate at what the server is
-//     known to take: the throughput it sustained before the overload, or
-//     Headroom of the capacity it showed; with nothing known, a slow start
-//     that adds a token per answer.
+//     known to take: the throughput it sustained before the overload
+//     (pauses of Calm intervals or more left out: idle time is not what
+//     the server takes), or Headroom of the capacity it showed; with
+//     nothing known, a slow start that adds a token per answer.
 //   - A collapse under a rate the controller chose (not a probe's) says
 //     that rate is too much for now: what the server is known to take
 //     comes down to Headroom of the attempts sent in that interval, and
@@ -105,10 +106,14 @@ type Controller struct {
 
 	pacing    atomic.Bool
 	collapsed atomic.Bool  // pacing, and the last interval refused everything
-	ok        atomic.Int64 // answers in the current interval
-	delayed   atomic.Uint64
-	shed      atomic.Uint64
-	episodes  atomic.Uint64
+	ok        atomic.Int64 // answers in the current interval (while calm: since start)
+	// While calm, the times of the first and the last calmBatch-th answer
+	// since start, in Unix nanoseconds (0: none yet); see calmRateLocked.
+	firstBatch atomic.Int64
+	lastBatch  atomic.Int64
+	delayed    atomic.Uint64
+	shed       atomic.Uint64
+	episodes   atomic.Uint64
 
 	mu       sync.Mutex
 	start    time.Time // of the current interval
@@ -240,7 +245,7 @@ func (c *Controller) Pacing() bool { return c.pacing.Load() }
 // atomic load and one atomic add, and takes no lock.
 func (c *Controller) Answered() {
 	if !c.pacing.Load() {
-		c.ok.Add(1)
+		c.countCalm()
 	} else {
 		c.answeredPacing(0, false)
 	}
@@ -255,7 +260,7 @@ func (c *Controller) Answered() {
 // reported with Answered and teach nothing.
 func (c *Controller) AnsweredAfter(d time.Duration) {
 	if !c.pacing.Load() {
-		c.ok.Add(1)
+		c.countCalm()
 	} else {
 		c.answeredPacing(max(d, 1), false)
 	}
@@ -271,7 +276,7 @@ func (c *Controller) AnsweredAfter(d time.Duration) {
 // a whole queue's wait before the first paced attempt is answered.
 func (c *Controller) AnsweredSentCalm() {
 	if !c.pacing.Load() {
-		c.ok.Add(1)
+		c.countCalm()
 	} else {
 		c.answeredPacing(0, true)
 	}
@@ -384,18 +389,72 @@ func (c *Controller) advanceLocked(now time.Time) {
 			// Calm: whatever passed since the last failure is the
 			// throughput the server sustains (per interval).
 			if c.fail == 0 || float64(c.fail) < c.s.FailureRatio*(ok+float64(c.fail)) {
-				c.known = ok / float64(n)
+				c.known = c.calmRateLocked(ok, n, now)
 			}
-			c.start, c.fail = now, 0
+			c.fail = 0
+			c.calmFromLocked(now)
 			return
 		}
 		c.closeLocked(ok, now)
 		c.start = c.start.Add(c.s.Interval)
 		if !c.pacing.Load() {
-			c.start = now
+			c.calmFromLocked(now)
 			return
 		}
 	}
+}
+
+// calmBatch is how many calm answers go between two readings of the clock
+// (a power of two): the calm path reads it once per calmBatch answers, to
+// see pauses.
+const calmBatch = 32
+
+// countCalm counts an answer while calm: one atomic add, and once per
+// calmBatch answers a reading of the clock.
+func (c *Controller) countCalm() {
+	if c.ok.Add(1)&(calmBatch-1) == 0 {
+		c.stampCalm()
+	}
+}
+
+func (c *Controller) stampCalm() {
+	t := c.s.Now().UnixNano()
+	c.firstBatch.CompareAndSwap(0, t)
+	c.lastBatch.Store(t)
+}
+
+// calmFromLocked starts a calm stretch at now.
+func (c *Controller) calmFromLocked(now time.Time) {
+	c.start = now
+	c.firstBatch.Store(0)
+	c.lastBatch.Store(0)
+}
+
+// calmRateLocked is the throughput per interval that a calm stretch of n
+// intervals, which ends now with ok answers, shows the server sustains. A
+// pause of Calm intervals or more before its first batch of answers or
+// after its last says nothing of the server and is left out: a client
+// idle for ten minutes before a burst, or after one, would otherwise learn
+// a rate far below what the server took, restart at it after an overload,
+// and starve its callers. A stretch with less than one answer per
+// interval says nothing either (0: not known).
+func (c *Controller) calmRateLocked(ok float64, n time.Duration, now time.Time) float64 {
+	if first, last := c.firstBatch.Load(), c.lastBatch.Load(); first != 0 && last != 0 {
+		pause := time.Duration(c.s.Calm) * c.s.Interval
+		span := now.Sub(c.start)
+		if lead := time.Duration(first - c.start.UnixNano()); lead >= pause {
+			span -= lead
+		}
+		// The interval of the last batch was busy; the pause is after it.
+		if trail := time.Duration(now.UnixNano()-last) - c.s.Interval; trail >= pause {
+			span -= trail
+		}
+		n = max(1, span/c.s.Interval)
+	}
+	if r := ok / float64(n); r >= 1 {
+		return r
+	}
+	return 0
 }
 
 // closeLocked adjusts the rate at the end of a paced interval in which the

@@ -495,6 +495,65 @@ func TestRestartWithNothingKnown(t *testing.T) {
 	}
 }
 
+// A pause in the calm stretch before an overload is not throughput: the
+// restart returns to what the server took while the client was busy, and
+// with too little known (less than an answer per interval) to a slow
+// start, never to an average diluted by idle time. Such an average once
+// restarted a client idle for ten minutes at one attempt per eight
+// minutes, and its line never moved.
+func TestCalmPausesAreNotThroughput(t *testing.T) {
+	busy := func(c *Controller, clk *fakeClock, intervals, perInterval int) {
+		for range intervals {
+			report(c, Answered, perInterval)
+			clk.Advance(DefaultInterval)
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		calm    func(*Controller, *fakeClock)
+		refused int // enough to start pacing after the calm stretch
+		want    float64
+	}{
+		{"steady", func(c *Controller, clk *fakeClock) { busy(c, clk, 30, 60) }, 20, 60},
+		{"a short pause is noise", func(c *Controller, clk *fakeClock) {
+			busy(c, clk, 15, 60)
+			clk.Advance(5 * DefaultInterval)
+			busy(c, clk, 15, 60)
+		}, 20, 1800.0 / 35},
+		{"busy, then idle", func(c *Controller, clk *fakeClock) {
+			busy(c, clk, 30, 60)
+			clk.Advance(3 * time.Second)
+		}, 20, 60},
+		{"idle, then busy", func(c *Controller, clk *fakeClock) {
+			clk.Advance(10 * time.Minute)
+			busy(c, clk, 30, 60)
+		}, 20, 60},
+		{"idle, then a burst", func(c *Controller, clk *fakeClock) {
+			clk.Advance(10 * time.Minute)
+			report(c, Answered, 100)
+		}, 100, 100},
+		{"one answer, then idle", func(c *Controller, clk *fakeClock) {
+			report(c, Answered, 1)
+			clk.Advance(10 * time.Minute)
+		}, 20, 2},
+		{"a trickle", func(c *Controller, clk *fakeClock) { busy(c, clk, 30, 0); report(c, Answered, 10) }, 20, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, clk := newController(t, Settings{})
+			tc.calm(c, clk)
+			report(c, Overloaded, tc.refused)
+			if !c.Pacing() {
+				t.Fatal("not pacing")
+			}
+			clk.Advance(DefaultInterval) // collapsed
+			answerProbe(t, c)
+			if got := rateOf(c); math.Abs(got-tc.want) > 1e-9 {
+				t.Errorf("restart = %v per interval, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestPacingEnds(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
 	clk.Advance(DefaultInterval)
