@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -415,5 +416,48 @@ func wantShedThenSent(t *testing.T, srv *testserver.Server, c grpc_testing.TestS
 	defer cancel()
 	if _, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{}); err != nil {
 		t.Fatalf("2s left: %v", err)
+	}
+}
+
+// A stream the server answered, ended by its caller's deadline (a watch
+// that lives until then), says nothing of the server's load: many such
+// ends at once must not start pacing a healthy target.
+func TestOverloadAnsweredStreamsEndingAtTheirDeadline(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *grpc_testing.StreamingOutputCallRequest, ss grpc_testing.TestService_StreamingOutputCallServer) error {
+		if err := ss.Send(&grpc_testing.StreamingOutputCallResponse{Payload: payload("hello")}); err != nil {
+			return err
+		}
+		<-ss.Context().Done()
+		return status.FromContextError(ss.Context().Err()).Err()
+	}})
+	ic, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	// Twice the controller's MinFailures, ending together.
+	deadline := time.Now().Add(500 * time.Millisecond)
+	var wg sync.WaitGroup
+	for range 2 * overload.DefaultMinFailures {
+		wg.Go(func() {
+			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			defer cancel()
+			s, err := c.StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := s.Recv(); err != nil {
+				t.Error("first message:", err)
+				return
+			}
+			if _, err := s.Recv(); status.Code(err) != codes.DeadlineExceeded {
+				t.Error("the stream's end:", err)
+			}
+		})
+	}
+	wg.Wait()
+	if st := ic.controllerFor(testserver.Target).State(); st.Pacing || st.Episodes != 0 {
+		t.Errorf("the controller paces a target that answered every stream: %+v", st)
 	}
 }

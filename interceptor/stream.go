@@ -97,6 +97,7 @@ type retryStream struct {
 	numbers      retryNumbers
 	bs           backoffState
 	committed    bool
+	answered     bool // the server answered the current attempt (headers, a message, or an OK end)
 	overflow     bool
 	closeSent    bool
 	finished     bool
@@ -327,6 +328,7 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 			// The attempt broke during the replay: learn how.
 			end, headers := a.learnEnd()
 			if headers || end == io.EOF {
+				s.answered = true
 				s.commitLocked(false) // the server answered this attempt
 				return a, nil
 			}
@@ -476,6 +478,7 @@ func (s *retryStream) commitLocked(overflow bool) {
 // stream ends, so that a long healthy stream admitted as a half-open probe
 // closes the breaker at once. A failure after this counts for nothing more.
 func (s *retryStream) answeredLocked() {
+	s.answered = true
 	s.commitLocked(false)
 	if s.breakerDone != nil {
 		s.breakerDone(herdguard.Success)
@@ -561,6 +564,7 @@ func (s *retryStream) SendMsg(m any) error {
 			// The server answered this attempt, or the stream committed or
 			// ended meanwhile: the stream stays with it, and RecvMsg tells
 			// how it ended.
+			s.answered = s.answered || headers || end == io.EOF
 			s.commitLocked(false)
 			s.mu.Unlock()
 			return io.EOF
@@ -911,7 +915,14 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		return
 	}
 	a.ended = true
-	attemptDone(s.ctl, err)
+	if a == s.a && s.answered && status.Code(err) == codes.DeadlineExceeded {
+		// The server answered this attempt in time, and the caller's
+		// deadline ended the stream it was serving: that says nothing of
+		// its load, and a watch stream lives until its deadline.
+		attemptDone(s.ctl, nil)
+	} else {
+		attemptDone(s.ctl, err)
+	}
 	s.ic.attemptEnded(s.ctx, s.method, a.span, a.n, err, s.hedge != nil && a.n > 1, s.hedge != nil && s.hedge.winner == a.n)
 }
 
