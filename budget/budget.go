@@ -9,6 +9,7 @@
 package budget
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,8 +30,10 @@ func NewThrottle(t policy.Throttling) (*Throttle, error) {
 		return nil, err
 	}
 	th := &Throttle{
-		max:   int64(t.MaxTokens * 1000),
-		ratio: int64(t.TokenRatio*1000 + 0.5),
+		// Rounded, not truncated: 4.007 × 1000 is 4006.9999999999995 in
+		// floating point, and gRPC's bucket holds 4.007 tokens.
+		max:   int64(math.Round(t.MaxTokens * 1000)),
+		ratio: int64(math.Round(t.TokenRatio * 1000)),
 	}
 	th.threshold = th.max / 2
 	th.tokens.Store(th.max)

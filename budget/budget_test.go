@@ -48,6 +48,26 @@ func TestThrottleFollowsGRPC(t *testing.T) {
 	}
 }
 
+// gRPC keeps thousandths of a token: a maxTokens of 4.007 is 4007 of them
+// (in floating point 4.007 × 1000 is 4006.99...), and after two failures,
+// a success at 0.997 and a failure, 2.004 tokens are left: more than half
+// of 4.007, so the retry is allowed.
+func TestThrottleThousandthsRound(t *testing.T) {
+	th, err := budget.NewThrottle(policy.Throttling{MaxTokens: 4.007, TokenRatio: 0.997})
+	if err != nil {
+		t.Fatal(err)
+	}
+	th.Failure()
+	th.Failure()
+	th.Success()
+	if !th.Failure() {
+		t.Errorf("retry refused with %v tokens left; gRPC leaves 2.004 of 4.007 and allows it", th.Tokens())
+	}
+	if got := th.Tokens(); got != 2.004 {
+		t.Errorf("tokens %v, want 2.004", got)
+	}
+}
+
 func TestThrottleConcurrent(t *testing.T) {
 	th, _ := budget.NewThrottle(policy.Throttling{MaxTokens: 1000, TokenRatio: 1})
 	var wg sync.WaitGroup
