@@ -222,6 +222,33 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
+// A status code outside gRPC's 17 is counted as UNKNOWN, and all such
+// codes share one set of attributes: a server answering with ever new
+// numbers does not grow the interceptor's memory.
+func TestMetricsUnknownCodes(t *testing.T) {
+	var n atomic.Uint32
+	srv := testserver.Start(t, &testserver.Server{Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+		return nil, status.Error(codes.Code(100+n.Add(1)), "a code of its own")
+	}})
+	rec, mp := newMetrics()
+	ic, err := New(WithMeterProvider(mp), WithoutBreaker(), WithoutOverloadControl(), WithPolicy(policy.Policy{MaxAttempts: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	for range 50 {
+		if _, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{}); status.Code(err) < 100 {
+			t.Fatalf("call: %v, want the server's own code", err)
+		}
+	}
+	if got := sumInt(t, rec, MetricAttempts, []attribute.KeyValue{attribute.String("rpc.response.status_code", "UNKNOWN")}); got != 50 {
+		t.Errorf("attempts counted as UNKNOWN: %d, want 50", got)
+	}
+	if got := ic.metering.attemptOpts.Len(); got != 1 {
+		t.Errorf("%d attribute sets kept for 50 unknown codes, want 1", got)
+	}
+}
+
 func TestMetricsOffCostNothing(t *testing.T) {
 	ctx := t.Context()
 	ic, err := New(WithoutBreaker())

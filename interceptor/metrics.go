@@ -10,6 +10,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"google.golang.org/grpc/codes"
 
+	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/cow"
 	"github.com/herdguard/herdguard/overload"
@@ -184,6 +185,12 @@ func (m *metering) held(ctx context.Context, method string, seconds float64, she
 func (m *metering) attempt(ctx context.Context, method string, code codes.Code, retry, hedge bool) {
 	if m.attempts == nil || !m.attempts.Enabled(ctx) {
 		return
+	}
+	if !herdguard.IsKnownCode(code) {
+		// Any number can come as a status; the attribute names it UNKNOWN,
+		// and one key for all keeps the map as small as the attribute's
+		// values.
+		code = codes.Unknown
 	}
 	opt := m.attemptOpts.Get(attemptKey{method, code, retry, hedge}, func() metric.MeasurementOption {
 		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)),
