@@ -15,8 +15,9 @@
 // With no options: 3 attempts, waits from 100ms doubling to at most 10s
 // with full jitter, retrying Unavailable and ResourceExhausted
 // ([policy.Default]); a breaker per target that opens after 5 failed calls
-// in a row and probes after 5s (package breaker); spans to the global
-// OpenTelemetry provider.
+// in a row and probes after 500ms, an open period that doubles while probes
+// fail, up to 10s (package breaker); an overload controller per target
+// (package overload); spans to the global OpenTelemetry provider.
 //
 // # What is retried
 //
