@@ -489,3 +489,66 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestStateMadeAgainAfterExpiry: a scope's hash that expired after the
+// fleet opened and closed is made again by the next failure, in a newer
+// generation than the replicas saw, so they follow it: a success still
+// ends the fleet's run of failures. And a replica that saw the fleet open
+// when its hash expired finds it calm at its next probe, instead of
+// asking Redis for a probe on every call from then on.
+func TestStateMadeAgainAfterExpiry(t *testing.T) {
+	ctx := context.Background()
+	key := redisfleet.DefaultPrefix + scope
+	gone := func(t *testing.T, addr string) func() bool {
+		return func() bool {
+			n, err := client(t, addr).Exists(ctx, key).Result()
+			return err == nil && n == 0
+		}
+	}
+	t.Run("closed", func(t *testing.T) {
+		srv := redistest.Start(t)
+		s := breaker.Settings{ConsecutiveFailures: 3, OpenTimeout: 100 * time.Millisecond, MaxOpenTimeout: 100 * time.Millisecond}
+		a := newReplica(t, srv.Addr, s, redisfleet.Options{TTL: 300 * time.Millisecond})
+		for range 3 {
+			a.call(herdguard.Failure)
+		}
+		eventually(t, "the fleet opens", func() bool { return fleetState(a) == breaker.Open })
+		eventually(t, "a probe closes it", func() bool {
+			a.call(herdguard.Success)
+			return fleetState(a) == breaker.Closed && a.b.State() == breaker.Closed
+		})
+		eventually(t, "the hash expires", gone(t, srv.Addr))
+		for i := range 3 { // a failure and a success, three times: never 3 in a row
+			a.call(herdguard.Failure)
+			redisfleet.Flush(a.fleet)
+			if ran, err := a.call(herdguard.Success); !ran || err != nil {
+				t.Fatalf("success %d refused: %v (Redis counts %d failures)", i+1, err, failures(t, srv.Addr))
+			}
+			redisfleet.Flush(a.fleet)
+		}
+		if n := failures(t, srv.Addr); n != 0 {
+			t.Errorf("Redis counts %d failures in a row after a success", n)
+		}
+	})
+	t.Run("open", func(t *testing.T) {
+		srv := redistest.Start(t)
+		s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 100 * time.Millisecond, MaxOpenTimeout: 100 * time.Millisecond}
+		a := newReplica(t, srv.Addr, s, redisfleet.Options{TTL: 300 * time.Millisecond})
+		a.call(herdguard.Failure)
+		eventually(t, "the fleet opens", func() bool { return fleetState(a) == breaker.Open })
+		eventually(t, "the hash expires", gone(t, srv.Addr))
+		eventually(t, "the replica sees the fleet calm", func() bool {
+			a.call(herdguard.Success)
+			return fleetState(a) == breaker.Closed
+		})
+		before := commands(t, srv.Addr)
+		for range 100 {
+			if ran, err := a.call(herdguard.Success); !ran || err != nil {
+				t.Fatalf("a healthy call refused: %v", err)
+			}
+		}
+		if n := commands(t, srv.Addr) - before; n > 20 {
+			t.Errorf("100 healthy calls after the hash expired made %d Redis commands", n)
+		}
+	})
+}

@@ -58,6 +58,14 @@ local function bump(k, now)
   end
 end
 
+-- made (again) gives the hash a generation past every one it had before
+-- it expired: replicas drop states of older generations than they saw.
+local function made(k, now)
+  if redis.call('HEXISTS', k, 'g') == 0 then
+    redis.call('HSET', k, 'g', now)
+  end
+end
+
 local function open(k, now, open_ms)
   redis.call('HSET', k, 'st', 'o', 'f', 0, 'u', now + open_ms, 'p', 0, 's', 0, 'l', 0)
   bump(k, now)
@@ -84,11 +92,13 @@ return view(k, now)
 `)
 
 	// failed counts a failed call; the one that reaches the threshold opens
-	// the breaker. The first failure of a run makes the fleet suspect.
+	// the breaker. The first failure of a run makes the fleet suspect. A
+	// failure that makes the hash again gives it a new generation.
 	failedScript = redis.NewScript(lib + header + `
 if redis.call('HGET', k, 'st') == 'o' then
   return view(k, now)
 end
+made(k, now)
 local f = redis.call('HINCRBY', k, 'f', 1)
 redis.call('PEXPIRE', k, ttl)
 if f >= threshold then
@@ -113,11 +123,20 @@ return view(k, now)
 `)
 
 	// probe grants one of max_probes leases once the open period is over.
+	// A replica that asks for one of a hash that expired gets the hash made
+	// again, calm.
 	// The leases lapse lease_ms (ARGV[7]) after the last was granted: then,
 	// with no verdict in, a new round begins, so a probe whose replica died
 	// frees the period, and a verdict of the old round counts for nothing.
 	probeScript = redis.NewScript(lib + header + `
 local lease_ms = tonumber(ARGV[7])
+if redis.call('EXISTS', k) == 0 then
+  -- The state expired (or Redis lost it) while a replica saw the fleet
+  -- open: made again, calm, in a generation the replica takes.
+  made(k, now)
+  redis.call('PEXPIRE', k, ttl)
+  return view(k, now)
+end
 if redis.call('HGET', k, 'st') ~= 'o' then
   return view(k, now)
 end
