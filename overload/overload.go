@@ -108,9 +108,11 @@ type Controller struct {
 	collapsed atomic.Bool  // pacing, and the last interval refused everything
 	ok        atomic.Int64 // answers in the current interval (while calm: since start)
 	// While calm, the times of the first and the last calmBatch-th answer
-	// since start, in Unix nanoseconds (0: none yet); see calmRateLocked.
+	// since start, in Unix nanoseconds (0: none yet), and how many there
+	// were; see calmRateLocked.
 	firstBatch atomic.Int64
 	lastBatch  atomic.Int64
+	batches    atomic.Int64
 	delayed    atomic.Uint64
 	shed       atomic.Uint64
 	episodes   atomic.Uint64
@@ -242,7 +244,8 @@ func (c *Controller) acquire(ctx context.Context, back bool) (time.Duration, err
 func (c *Controller) Pacing() bool { return c.pacing.Load() }
 
 // Answered is Done(Answered) without its switch: while calm it is one
-// atomic load and one atomic add, and takes no lock.
+// atomic load and one atomic add (and a clock reading per 128 answers), and
+// takes no lock.
 func (c *Controller) Answered() {
 	if !c.pacing.Load() {
 		c.countCalm()
@@ -389,7 +392,9 @@ func (c *Controller) advanceLocked(now time.Time) {
 			// Calm: whatever passed since the last failure is the
 			// throughput the server sustains (per interval).
 			if c.fail == 0 || float64(c.fail) < c.s.FailureRatio*(ok+float64(c.fail)) {
-				c.known = c.calmRateLocked(ok, n, now)
+				if r := c.calmRateLocked(ok, n, now); r > 0 {
+					c.known = r
+				}
 			}
 			c.fail = 0
 			c.calmFromLocked(now)
@@ -407,7 +412,7 @@ func (c *Controller) advanceLocked(now time.Time) {
 // calmBatch is how many calm answers go between two readings of the clock
 // (a power of two): the calm path reads it once per calmBatch answers, to
 // see pauses.
-const calmBatch = 32
+const calmBatch = 128
 
 // countCalm counts an answer while calm: one atomic add, and once per
 // calmBatch answers a reading of the clock.
@@ -421,6 +426,7 @@ func (c *Controller) stampCalm() {
 	t := c.s.Now().UnixNano()
 	c.firstBatch.CompareAndSwap(0, t)
 	c.lastBatch.Store(t)
+	c.batches.Add(1)
 }
 
 // calmFromLocked starts a calm stretch at now.
@@ -428,22 +434,29 @@ func (c *Controller) calmFromLocked(now time.Time) {
 	c.start = now
 	c.firstBatch.Store(0)
 	c.lastBatch.Store(0)
+	c.batches.Store(0)
 }
 
 // calmRateLocked is the throughput per interval that a calm stretch of n
-// intervals, which ends now with ok answers, shows the server sustains. A
-// pause of Calm intervals or more before its first batch of answers or
-// after its last says nothing of the server and is left out: a client
-// idle for ten minutes before a burst, or after one, would otherwise learn
-// a rate far below what the server took, restart at it after an overload,
-// and starve its callers. A stretch with less than one answer per
-// interval says nothing either (0: not known).
+// intervals, which ends now with ok answers, shows the server sustains; 0
+// when it shows nothing, and what was known stays. A pause of Calm
+// intervals or more before its first batch of answers or after its last
+// says nothing of the server and is left out: a client idle for ten
+// minutes before a burst, or after one, would otherwise learn a rate far
+// below what the server took, restart at it after an overload, and starve
+// its callers. A stretch with less than one answer per interval, pauses
+// left out, shows nothing either.
 func (c *Controller) calmRateLocked(ok float64, n time.Duration, now time.Time) float64 {
 	if first, last := c.firstBatch.Load(), c.lastBatch.Load(); first != 0 && last != 0 {
 		pause := time.Duration(c.s.Calm) * c.s.Interval
 		span := now.Sub(c.start)
-		if lead := time.Duration(first - c.start.UnixNano()); lead >= pause {
-			span -= lead
+		// The first batch took as long to come as the others did, on
+		// average; the pause is before that.
+		if b := c.batches.Load(); b >= 2 {
+			took := time.Duration(float64(last-first) / float64(b-1))
+			if lead := time.Duration(first-c.start.UnixNano()) - took; lead >= pause {
+				span -= lead
+			}
 		}
 		// The interval of the last batch was busy; the pause is after it.
 		if trail := time.Duration(now.UnixNano()-last) - c.s.Interval; trail >= pause {

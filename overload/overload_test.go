@@ -530,13 +530,19 @@ func TestCalmPausesAreNotThroughput(t *testing.T) {
 		}, 20, 60},
 		{"idle, then a burst", func(c *Controller, clk *fakeClock) {
 			clk.Advance(10 * time.Minute)
-			report(c, Answered, 100)
-		}, 100, 100},
+			report(c, Answered, 300)
+		}, 300, 300},
 		{"one answer, then idle", func(c *Controller, clk *fakeClock) {
 			report(c, Answered, 1)
 			clk.Advance(10 * time.Minute)
 		}, 20, 2},
 		{"a trickle", func(c *Controller, clk *fakeClock) { busy(c, clk, 30, 0); report(c, Answered, 10) }, 20, 2},
+		{"an idle stretch keeps what was known", func(c *Controller, clk *fakeClock) {
+			busy(c, clk, 30, 60)
+			c.State() // a metrics reader closes the stretch
+			clk.Advance(3 * time.Second)
+			c.State()
+		}, 20, 60},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, clk := newController(t, Settings{})
