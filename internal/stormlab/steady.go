@@ -281,10 +281,16 @@ func (sc Scenario) Bound() (b Bound, ok bool) {
 	switch {
 	case sc.IsHerd() && f.Capacity > 0:
 		c := f.Capacity
-		b = Bound{Calls: sc.Calls, OK: sc.Calls, Attempts: sc.Calls, LastSuccess: f.CapacityWindow}
+		b = Bound{Calls: sc.Calls, OK: sc.Calls, Attempts: sc.Calls}
 		if left := sc.Calls - c; left > 0 {
+			// The first window overloads the server; it recovers at the
+			// first window boundary after its calm, and then takes C
+			// retries per window: the last ones can succeed as the last
+			// window they need begins.
+			w := f.CapacityWindow
+			calm := (f.RecoverAfter + w - 1) / w * w
 			b.Attempts += left
-			b.LastSuccess += f.RecoverAfter + time.Duration((left+c-1)/c)*f.CapacityWindow
+			b.LastSuccess = calm + time.Duration((left+c-1)/c)*w
 		}
 		return b, true
 	case sc.IsSteady():
@@ -317,7 +323,9 @@ func steadyBest(sc Scenario, f Faults) int {
 			head++ // lost
 		}
 		c, limited := f.capacityAt(t)
-		if t >= downFrom && t < downTo {
+		if t > downFrom && t < downTo {
+			// Down: the trigger's first window served its capacity, then
+			// the rest of it overloaded the server.
 			c, limited = 0, true
 		}
 		if !limited {

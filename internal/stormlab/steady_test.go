@@ -257,9 +257,12 @@ func TestHerdBound(t *testing.T) {
 		attempts int
 		last     time.Duration
 	}{
-		{20, 1980, 6 * time.Second}, // 1.1 s + 49 windows
-		{80, 1920, 2300 * ms},       // 1.1 s + 12 windows (920/80 rounded up)
-		{320, 1680, 1400 * ms},      // 1.1 s + 3 windows
+		// The first window and 1 s of calm, then the last success as the
+		// last window the retries need begins.
+		{20, 1980, 5900 * ms},  // 1.0 s + 49 windows
+		{80, 1920, 2200 * ms},  // 1.0 s + 12 windows (920/80 rounded up)
+		{320, 1680, 1300 * ms}, // 1.0 s + 3 windows
+		{1000, 1000, 0},        // everything in the first window
 	}
 	for _, tt := range tests {
 		b, ok := Herd(tt.c).Bound()
@@ -272,6 +275,43 @@ func TestHerdBound(t *testing.T) {
 	}
 	if _, ok := Published().Bound(); ok {
 		t.Error("the published scenario has a bound")
+	}
+}
+
+// TestHerdBoundIsReached: a client that knew the sticky server sends the
+// herd, then each window's worth of the calls turned away as the server
+// can take them, and reaches the herd's bound exactly: no client can do
+// better, and this one does as well.
+func TestHerdBoundIsReached(t *testing.T) {
+	for _, c := range []int{20, 80, 320} {
+		sc := Herd(c)
+		s, clk := newTestServer(t, sc.Faults)
+		ok := 0
+		send := func(ctx context.Context, n int) {
+			for range n {
+				if w, _, err := s.arrive(ctx); err == nil {
+					s.finish(w, nil)
+					ok++
+				}
+			}
+		}
+		send(context.Background(), sc.Calls)
+		clk.add(sc.Faults.CapacityWindow + sc.Faults.RecoverAfter) // recovered
+		for left := sc.Calls - c; left > 0; left -= c {
+			send(retryCtx("2"), min(c, left))
+			if left > c {
+				clk.add(sc.Faults.CapacityWindow)
+			}
+		}
+		st, err := s.GetStats(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := sc.Bound()
+		if last := time.Duration(st.GetLastSuccessMs()) * ms; ok != b.OK || st.GetAttempts() != int64(b.Attempts) || last != b.LastSuccess {
+			t.Errorf("C = %d: %d ok, %d attempts, last success %v; the bound says %d, %d and %v",
+				c, ok, st.GetAttempts(), last, b.OK, b.Attempts, b.LastSuccess)
+		}
 	}
 }
 
@@ -292,6 +332,17 @@ func TestSteadyBound(t *testing.T) {
 		if b, _ := sc.Bound(); b.OK != 7200 {
 			t.Errorf("%s: best %d of 7200", sc.Name, b.OK)
 		}
+	}
+	// The trigger's first window serves the cut's 30 before the rest of it
+	// overloads the server. With 100 ms deadlines (a call is served in its
+	// window or the next) the knowing client loses the other 30 of that
+	// window, every call of 3.1-4.0 s (540) while the server is down until
+	// 4.1 s, and half of those of 4.0-4.9 s (270) while the cut takes 30 of
+	// each window's 60: 840 of 7200.
+	short := SteadyCut()
+	short.Deadline = 100 * ms
+	if b, _ := short.Bound(); b.OK != 6360 {
+		t.Errorf("sticky cut, 100 ms deadlines: best %d, want 6360", b.OK)
 	}
 	cut := SteadyCut()
 	cut.Deadline = 500 * ms // down from 3 s to 4.1 s: what starts before 3.6 s expires
