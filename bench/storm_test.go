@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -14,8 +16,13 @@ import (
 	"github.com/failsafe-go/failsafe-go/failsafegrpc"
 	"github.com/failsafe-go/failsafe-go/hedgepolicy"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/internal/testserver"
 )
 
 // defaultStormScale shortens the storm comparison: windows of 50 ms, the
@@ -103,8 +110,26 @@ func stormPeers(t *testing.T, sc stormlab.Scenario) []stormPeer {
 		{name: "failsafe-go retry", dial: func(sc stormlab.Scenario) []grpc.DialOption {
 			rp := failsafegrpc.NewRetryPolicyBuilder[any]().WithMaxAttempts(sc.Attempts).
 				WithBackoff(sc.Base, time.Minute).WithJitterFactor(0.1).Build()
-			return []grpc.DialOption{grpc.WithChainUnaryInterceptor(failsafegrpc.NewUnaryClientInterceptor[any](rp))}
+			// failsafe-go sends no attempt number: retryNumbers gives its
+			// retries one, so that the server counts them as retries.
+			return []grpc.DialOption{grpc.WithChainUnaryInterceptor(retryNumbers(failsafegrpc.NewUnaryClientInterceptor[any](rp)))}
 		}},
+	}
+}
+
+// retryNumbers wraps a retrying interceptor that numbers no attempt: each
+// attempt after a call's first carries "x-retry-attempt: n" (n = 1 for the
+// first retry, as go-grpc-middleware numbers them), which the storm lab's
+// server counts as a retry.
+func retryNumbers(retrying grpc.UnaryClientInterceptor) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		n := new(atomic.Int32)
+		return retrying(ctx, method, req, reply, cc, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+			if a := n.Add(1); a > 1 {
+				ctx = metadata.AppendToOutgoingContext(ctx, "x-retry-attempt", strconv.Itoa(int(a-1)))
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}, opts...)
 	}
 }
 
@@ -288,4 +313,33 @@ func medianExtra(rs []stormlab.Result) float64 {
 	}
 	slices.Sort(v)
 	return v[len(v)/2]
+}
+
+// TestRetryNumbers: failsafe-go's retries, wrapped by retryNumbers, reach
+// the server numbered as go-grpc-middleware numbers its own.
+func TestRetryNumbers(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		seen []string
+	)
+	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, strings.Join(md.Get("x-retry-attempt"), ","))
+		if len(seen) < 3 {
+			return nil, status.Error(codes.Unavailable, "down")
+		}
+		return &testgrpc.SimpleResponse{}, nil
+	}})
+	rp := failsafegrpc.NewRetryPolicyBuilder[any]().WithMaxAttempts(3).WithDelay(time.Millisecond).Build()
+	c := srv.Client(t, grpc.WithChainUnaryInterceptor(retryNumbers(failsafegrpc.NewUnaryClientInterceptor[any](rp))))
+	if _, err := c.UnaryCall(context.Background(), &testgrpc.SimpleRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(seen, []string{"", "1", "2"}) {
+		t.Errorf("attempt numbers seen by the server: %q, want none, 1, 2", seen)
+	}
 }
