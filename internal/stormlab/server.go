@@ -158,32 +158,29 @@ func (f Faults) Validate() error {
 // Proto converts f for a ResetStats request.
 func (f Faults) Proto() *demov1.Faults {
 	return &demov1.Faults{
-		FailRate: f.FailRate, OutageMs: f.Outage.Milliseconds(),
-		Capacity: int64(f.Capacity), CapacityWindowMs: f.CapacityWindow.Milliseconds(),
-		RecoverAfterMs: f.RecoverAfter.Milliseconds(), LostReplyRate: f.LostReplyRate,
-		Seed: f.Seed, WindowMs: f.Window.Milliseconds(),
-		LatencyUs: f.Latency.Microseconds(), LatencySpreadUs: f.LatencySpread.Microseconds(),
-		SlowRate: f.SlowRate, SlowLatencyMs: f.SlowLatency.Milliseconds(),
-		Model: f.Model, QueueLimitUs: f.QueueLimit.Microseconds(),
-		TriggerAtUs: f.TriggerAt.Microseconds(), TriggerForUs: f.TriggerFor.Microseconds(),
+		FailRate: f.FailRate, OutageNs: int64(f.Outage),
+		Capacity: int64(f.Capacity), CapacityWindowNs: int64(f.CapacityWindow),
+		RecoverAfterNs: int64(f.RecoverAfter), LostReplyRate: f.LostReplyRate,
+		Seed: f.Seed, WindowNs: int64(f.Window),
+		LatencyNs: int64(f.Latency), LatencySpreadNs: int64(f.LatencySpread),
+		SlowRate: f.SlowRate, SlowLatencyNs: int64(f.SlowLatency),
+		Model: f.Model, QueueLimitNs: int64(f.QueueLimit),
+		TriggerAtNs: int64(f.TriggerAt), TriggerForNs: int64(f.TriggerFor),
 		TriggerCapacity: int64(f.TriggerCapacity), TriggerOutage: f.TriggerOutage,
 	}
 }
 
-// FaultsFromProto is the inverse of Faults.Proto. Durations travel as
-// milliseconds or microseconds, as the message says: below that they round
-// to 0.
+// FaultsFromProto is the inverse of Faults.Proto.
 func FaultsFromProto(p *demov1.Faults) Faults {
-	ms := func(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
-	us := func(v int64) time.Duration { return time.Duration(v) * time.Microsecond }
+	ns := func(v int64) time.Duration { return time.Duration(v) }
 	return Faults{
-		FailRate: p.GetFailRate(), Outage: ms(p.GetOutageMs()), Capacity: int(p.GetCapacity()),
-		CapacityWindow: ms(p.GetCapacityWindowMs()), RecoverAfter: ms(p.GetRecoverAfterMs()),
-		LostReplyRate: p.GetLostReplyRate(), Seed: p.GetSeed(), Window: ms(p.GetWindowMs()),
-		Latency: us(p.GetLatencyUs()), LatencySpread: us(p.GetLatencySpreadUs()),
-		SlowRate: p.GetSlowRate(), SlowLatency: ms(p.GetSlowLatencyMs()),
-		Model: p.GetModel(), QueueLimit: us(p.GetQueueLimitUs()),
-		TriggerAt: us(p.GetTriggerAtUs()), TriggerFor: us(p.GetTriggerForUs()),
+		FailRate: p.GetFailRate(), Outage: ns(p.GetOutageNs()), Capacity: int(p.GetCapacity()),
+		CapacityWindow: ns(p.GetCapacityWindowNs()), RecoverAfter: ns(p.GetRecoverAfterNs()),
+		LostReplyRate: p.GetLostReplyRate(), Seed: p.GetSeed(), Window: ns(p.GetWindowNs()),
+		Latency: ns(p.GetLatencyNs()), LatencySpread: ns(p.GetLatencySpreadNs()),
+		SlowRate: p.GetSlowRate(), SlowLatency: ns(p.GetSlowLatencyNs()),
+		Model: p.GetModel(), QueueLimit: ns(p.GetQueueLimitNs()),
+		TriggerAt: ns(p.GetTriggerAtNs()), TriggerFor: ns(p.GetTriggerForNs()),
 		TriggerCapacity: int(p.GetTriggerCapacity()), TriggerOutage: p.GetTriggerOutage(),
 	}
 }

@@ -226,10 +226,15 @@ func TestFaultsValidateNamesFieldAndValue(t *testing.T) {
 }
 
 func TestFaultsProtoRoundTrip(t *testing.T) {
-	for _, sc := range append(SteadyScenarios(), Herd(20)) {
-		f := sc.Scale(4).Faults
-		if got := FaultsFromProto(f.Proto()); got != f {
-			t.Errorf("%s: round trip\n got %+v\nwant %+v", sc.Name, got, f)
+	// Exact at every scale, 1.5 and 3 included (a 100 ms window is then
+	// no whole number of milliseconds or microseconds): the server runs
+	// the faults the client scaled and bounds.
+	for _, scale := range []float64{1, 1.5, 2, 3, 4} {
+		for _, sc := range append(SteadyScenarios(), Herd(20), Published(), SlowAttempts()) {
+			f := sc.Scale(scale).Faults
+			if got := FaultsFromProto(f.Proto()); got != f {
+				t.Errorf("%s at scale %v: round trip\n got %+v\nwant %+v", sc.Name, scale, got, f)
+			}
 		}
 	}
 }

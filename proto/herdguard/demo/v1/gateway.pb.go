@@ -675,49 +675,48 @@ type Faults struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// fail_rate fails each attempt with Unavailable with this probability.
 	FailRate float64 `protobuf:"fixed64,1,opt,name=fail_rate,json=failRate,proto3" json:"fail_rate,omitempty"`
-	// outage_ms fails every attempt for this long after the clock starts.
+	// outage_ns fails every attempt for this long after the clock starts.
 	// The fault models' clock (windows, outage, trigger) starts at the first
 	// counted arrival after a reset, not at the reset itself.
-	OutageMs int64 `protobuf:"varint,2,opt,name=outage_ms,json=outageMs,proto3" json:"outage_ms,omitempty"`
+	OutageNs int64 `protobuf:"varint,19,opt,name=outage_ns,json=outageNs,proto3" json:"outage_ns,omitempty"`
 	// capacity, if above 0, is how many attempts the server accepts per
-	// capacity_window_ms. More overload it: it then fails every attempt until
-	// arrivals have stayed within capacity for recover_after_ms.
+	// capacity_window_ns. More overload it: it then fails every attempt until
+	// arrivals have stayed within capacity for recover_after_ns.
 	Capacity         int64 `protobuf:"varint,3,opt,name=capacity,proto3" json:"capacity,omitempty"`
-	CapacityWindowMs int64 `protobuf:"varint,4,opt,name=capacity_window_ms,json=capacityWindowMs,proto3" json:"capacity_window_ms,omitempty"`
-	RecoverAfterMs   int64 `protobuf:"varint,5,opt,name=recover_after_ms,json=recoverAfterMs,proto3" json:"recover_after_ms,omitempty"`
+	CapacityWindowNs int64 `protobuf:"varint,20,opt,name=capacity_window_ns,json=capacityWindowNs,proto3" json:"capacity_window_ns,omitempty"`
+	RecoverAfterNs   int64 `protobuf:"varint,21,opt,name=recover_after_ns,json=recoverAfterNs,proto3" json:"recover_after_ns,omitempty"`
 	// lost_reply_rate applies a charge, then fails the attempt with
 	// Unavailable as if the reply were lost, with this probability.
 	LostReplyRate float64 `protobuf:"fixed64,6,opt,name=lost_reply_rate,json=lostReplyRate,proto3" json:"lost_reply_rate,omitempty"`
 	// seed makes the random faults repeatable.
 	Seed int64 `protobuf:"varint,7,opt,name=seed,proto3" json:"seed,omitempty"`
-	// window_ms is the width of the counting windows.
-	WindowMs int64 `protobuf:"varint,8,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
-	// latency_us delays every attempt that passed the other faults by this,
-	// plus a uniform part of latency_spread_us.
-	LatencyUs       int64 `protobuf:"varint,9,opt,name=latency_us,json=latencyUs,proto3" json:"latency_us,omitempty"`
-	LatencySpreadUs int64 `protobuf:"varint,10,opt,name=latency_spread_us,json=latencySpreadUs,proto3" json:"latency_spread_us,omitempty"`
-	// slow_rate makes an attempt take slow_latency_ms instead, with this
+	// window_ns is the width of the counting windows.
+	WindowNs int64 `protobuf:"varint,22,opt,name=window_ns,json=windowNs,proto3" json:"window_ns,omitempty"`
+	// latency_ns delays every attempt that passed the other faults by this,
+	// plus a uniform part of latency_spread_ns.
+	LatencyNs       int64 `protobuf:"varint,23,opt,name=latency_ns,json=latencyNs,proto3" json:"latency_ns,omitempty"`
+	LatencySpreadNs int64 `protobuf:"varint,24,opt,name=latency_spread_ns,json=latencySpreadNs,proto3" json:"latency_spread_ns,omitempty"`
+	// slow_rate makes an attempt take slow_latency_ns instead, with this
 	// probability (a slow replica, a pause).
 	SlowRate      float64 `protobuf:"fixed64,11,opt,name=slow_rate,json=slowRate,proto3" json:"slow_rate,omitempty"`
-	SlowLatencyMs int64   `protobuf:"varint,12,opt,name=slow_latency_ms,json=slowLatencyMs,proto3" json:"slow_latency_ms,omitempty"`
+	SlowLatencyNs int64   `protobuf:"varint,25,opt,name=slow_latency_ns,json=slowLatencyNs,proto3" json:"slow_latency_ns,omitempty"`
 	// model is the overload model when capacity limits the server: "sticky"
 	// (the default; "" means it) fails every attempt once a capacity window
 	// takes more than capacity, until arrivals have stayed within capacity for
-	// recover_after_ms; "gentle" serves attempts in arrival order at capacity
+	// recover_after_ns; "gentle" serves attempts in arrival order at capacity
 	// per capacity window through a queue and fails at once an attempt that
-	// would wait longer than queue_limit_us.
+	// would wait longer than queue_limit_ns.
 	Model string `protobuf:"bytes,13,opt,name=model,proto3" json:"model,omitempty"`
-	// queue_limit_us is the longest wait in the gentle model's queue; 0 means
-	// ten capacity windows. The durations below travel in microseconds, so a
-	// scaled-down run keeps them exact.
-	QueueLimitUs int64 `protobuf:"varint,14,opt,name=queue_limit_us,json=queueLimitUs,proto3" json:"queue_limit_us,omitempty"`
-	// From trigger_at_us after the clock starts, for trigger_for_us, the
+	// queue_limit_ns is the longest wait in the gentle model's queue; 0 means
+	// ten capacity windows.
+	QueueLimitNs int64 `protobuf:"varint,26,opt,name=queue_limit_ns,json=queueLimitNs,proto3" json:"queue_limit_ns,omitempty"`
+	// From trigger_at_ns after the clock starts, for trigger_for_ns, the
 	// capacity per window is trigger_capacity instead of capacity, or, with
 	// trigger_outage, every attempt fails (the sticky model takes an outage
-	// as capacity 0, so it still needs recover_after_ms of calm once the
-	// trigger ends). trigger_for_us 0: no trigger.
-	TriggerAtUs     int64 `protobuf:"varint,15,opt,name=trigger_at_us,json=triggerAtUs,proto3" json:"trigger_at_us,omitempty"`
-	TriggerForUs    int64 `protobuf:"varint,16,opt,name=trigger_for_us,json=triggerForUs,proto3" json:"trigger_for_us,omitempty"`
+	// as capacity 0, so it still needs recover_after_ns of calm once the
+	// trigger ends). trigger_for_ns 0: no trigger.
+	TriggerAtNs     int64 `protobuf:"varint,27,opt,name=trigger_at_ns,json=triggerAtNs,proto3" json:"trigger_at_ns,omitempty"`
+	TriggerForNs    int64 `protobuf:"varint,28,opt,name=trigger_for_ns,json=triggerForNs,proto3" json:"trigger_for_ns,omitempty"`
 	TriggerCapacity int64 `protobuf:"varint,17,opt,name=trigger_capacity,json=triggerCapacity,proto3" json:"trigger_capacity,omitempty"`
 	TriggerOutage   bool  `protobuf:"varint,18,opt,name=trigger_outage,json=triggerOutage,proto3" json:"trigger_outage,omitempty"`
 	unknownFields   protoimpl.UnknownFields
@@ -761,9 +760,9 @@ func (x *Faults) GetFailRate() float64 {
 	return 0
 }
 
-func (x *Faults) GetOutageMs() int64 {
+func (x *Faults) GetOutageNs() int64 {
 	if x != nil {
-		return x.OutageMs
+		return x.OutageNs
 	}
 	return 0
 }
@@ -775,16 +774,16 @@ func (x *Faults) GetCapacity() int64 {
 	return 0
 }
 
-func (x *Faults) GetCapacityWindowMs() int64 {
+func (x *Faults) GetCapacityWindowNs() int64 {
 	if x != nil {
-		return x.CapacityWindowMs
+		return x.CapacityWindowNs
 	}
 	return 0
 }
 
-func (x *Faults) GetRecoverAfterMs() int64 {
+func (x *Faults) GetRecoverAfterNs() int64 {
 	if x != nil {
-		return x.RecoverAfterMs
+		return x.RecoverAfterNs
 	}
 	return 0
 }
@@ -803,23 +802,23 @@ func (x *Faults) GetSeed() int64 {
 	return 0
 }
 
-func (x *Faults) GetWindowMs() int64 {
+func (x *Faults) GetWindowNs() int64 {
 	if x != nil {
-		return x.WindowMs
+		return x.WindowNs
 	}
 	return 0
 }
 
-func (x *Faults) GetLatencyUs() int64 {
+func (x *Faults) GetLatencyNs() int64 {
 	if x != nil {
-		return x.LatencyUs
+		return x.LatencyNs
 	}
 	return 0
 }
 
-func (x *Faults) GetLatencySpreadUs() int64 {
+func (x *Faults) GetLatencySpreadNs() int64 {
 	if x != nil {
-		return x.LatencySpreadUs
+		return x.LatencySpreadNs
 	}
 	return 0
 }
@@ -831,9 +830,9 @@ func (x *Faults) GetSlowRate() float64 {
 	return 0
 }
 
-func (x *Faults) GetSlowLatencyMs() int64 {
+func (x *Faults) GetSlowLatencyNs() int64 {
 	if x != nil {
-		return x.SlowLatencyMs
+		return x.SlowLatencyNs
 	}
 	return 0
 }
@@ -845,23 +844,23 @@ func (x *Faults) GetModel() string {
 	return ""
 }
 
-func (x *Faults) GetQueueLimitUs() int64 {
+func (x *Faults) GetQueueLimitNs() int64 {
 	if x != nil {
-		return x.QueueLimitUs
+		return x.QueueLimitNs
 	}
 	return 0
 }
 
-func (x *Faults) GetTriggerAtUs() int64 {
+func (x *Faults) GetTriggerAtNs() int64 {
 	if x != nil {
-		return x.TriggerAtUs
+		return x.TriggerAtNs
 	}
 	return 0
 }
 
-func (x *Faults) GetTriggerForUs() int64 {
+func (x *Faults) GetTriggerForNs() int64 {
 	if x != nil {
-		return x.TriggerForUs
+		return x.TriggerForNs
 	}
 	return 0
 }
@@ -965,28 +964,30 @@ const file_herdguard_demo_v1_gateway_proto_rawDesc = "" +
 	"\x14peak_retries_sliding\x18\x10 \x01(\x03R\x12peakRetriesSliding\x122\n" +
 	"\x15peak_attempts_sliding\x18\x11 \x01(\x03R\x13peakAttemptsSliding\"F\n" +
 	"\x11ResetStatsRequest\x121\n" +
-	"\x06faults\x18\x01 \x01(\v2\x19.herdguard.demo.v1.FaultsR\x06faults\"\xf7\x04\n" +
+	"\x06faults\x18\x01 \x01(\v2\x19.herdguard.demo.v1.FaultsR\x06faults\"\xce\x06\n" +
 	"\x06Faults\x12\x1b\n" +
 	"\tfail_rate\x18\x01 \x01(\x01R\bfailRate\x12\x1b\n" +
-	"\toutage_ms\x18\x02 \x01(\x03R\boutageMs\x12\x1a\n" +
+	"\toutage_ns\x18\x13 \x01(\x03R\boutageNs\x12\x1a\n" +
 	"\bcapacity\x18\x03 \x01(\x03R\bcapacity\x12,\n" +
-	"\x12capacity_window_ms\x18\x04 \x01(\x03R\x10capacityWindowMs\x12(\n" +
-	"\x10recover_after_ms\x18\x05 \x01(\x03R\x0erecoverAfterMs\x12&\n" +
+	"\x12capacity_window_ns\x18\x14 \x01(\x03R\x10capacityWindowNs\x12(\n" +
+	"\x10recover_after_ns\x18\x15 \x01(\x03R\x0erecoverAfterNs\x12&\n" +
 	"\x0flost_reply_rate\x18\x06 \x01(\x01R\rlostReplyRate\x12\x12\n" +
 	"\x04seed\x18\a \x01(\x03R\x04seed\x12\x1b\n" +
-	"\twindow_ms\x18\b \x01(\x03R\bwindowMs\x12\x1d\n" +
+	"\twindow_ns\x18\x16 \x01(\x03R\bwindowNs\x12\x1d\n" +
 	"\n" +
-	"latency_us\x18\t \x01(\x03R\tlatencyUs\x12*\n" +
-	"\x11latency_spread_us\x18\n" +
-	" \x01(\x03R\x0flatencySpreadUs\x12\x1b\n" +
+	"latency_ns\x18\x17 \x01(\x03R\tlatencyNs\x12*\n" +
+	"\x11latency_spread_ns\x18\x18 \x01(\x03R\x0flatencySpreadNs\x12\x1b\n" +
 	"\tslow_rate\x18\v \x01(\x01R\bslowRate\x12&\n" +
-	"\x0fslow_latency_ms\x18\f \x01(\x03R\rslowLatencyMs\x12\x14\n" +
+	"\x0fslow_latency_ns\x18\x19 \x01(\x03R\rslowLatencyNs\x12\x14\n" +
 	"\x05model\x18\r \x01(\tR\x05model\x12$\n" +
-	"\x0equeue_limit_us\x18\x0e \x01(\x03R\fqueueLimitUs\x12\"\n" +
-	"\rtrigger_at_us\x18\x0f \x01(\x03R\vtriggerAtUs\x12$\n" +
-	"\x0etrigger_for_us\x18\x10 \x01(\x03R\ftriggerForUs\x12)\n" +
+	"\x0equeue_limit_ns\x18\x1a \x01(\x03R\fqueueLimitNs\x12\"\n" +
+	"\rtrigger_at_ns\x18\x1b \x01(\x03R\vtriggerAtNs\x12$\n" +
+	"\x0etrigger_for_ns\x18\x1c \x01(\x03R\ftriggerForNs\x12)\n" +
 	"\x10trigger_capacity\x18\x11 \x01(\x03R\x0ftriggerCapacity\x12%\n" +
-	"\x0etrigger_outage\x18\x12 \x01(\bR\rtriggerOutage\"\x14\n" +
+	"\x0etrigger_outage\x18\x12 \x01(\bR\rtriggerOutageJ\x04\b\x02\x10\x03J\x04\b\x04\x10\x05J\x04\b\x05\x10\x06J\x04\b\b\x10\tJ\x04\b\t\x10\n" +
+	"J\x04\b\n" +
+	"\x10\vJ\x04\b\f\x10\rJ\x04\b\x0e\x10\x0fJ\x04\b\x0f\x10\x10J\x04\b\x10\x10\x11R\toutage_msR\x12capacity_window_msR\x10recover_after_msR\twindow_msR\n" +
+	"latency_usR\x11latency_spread_usR\x0fslow_latency_msR\x0equeue_limit_usR\rtrigger_at_usR\x0etrigger_for_us\"\x14\n" +
 	"\x12ResetStatsResponse2\xe7\x03\n" +
 	"\x0eGatewayService\x12M\n" +
 	"\x06Charge\x12 .herdguard.demo.v1.ChargeRequest\x1a!.herdguard.demo.v1.ChargeResponse\x12c\n" +
