@@ -108,7 +108,7 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 	h := c.ic.hedgeCalls.Get().(*hedgeCall)
 	defer h.release(c.ic)
 	h.c, h.ctx = *c, ctx
-	h.hedgeRules = c.ic.hedgeRulesFor(c.p, c.method, c.cc.Target(), c.lim, c.breaker, maxAttempts)
+	h.hedgeRules = c.ic.hedgeRulesFor(c.p, c.method, targetOf(c.cc), c.lim, c.breaker, maxAttempts)
 	h.attempts = h.inline[:0]
 	h.opts, h.want = splitCatchers(c.buf.opts[:len(c.buf.opts)-catchers])
 	h.catch = c.p.nonFatal != 0 || h.throttle != nil || h.want.header != nil || h.want.trailer != nil

@@ -1133,3 +1133,33 @@ func TestRegressSharedDeadlineReportsDeadlineExceeded(t *testing.T) {
 			len(wrong), rounds*streams, wrong[0])
 	}
 }
+
+// TestRegressNilClientConn: an interceptor called directly, with no
+// connection (as tests and benchmarks call invokers), must not panic on the
+// missing target: it runs with the target "".
+func TestRegressNilClientConn(t *testing.T) {
+	ic, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	invoked := 0
+	invoker := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+		invoked++
+		return nil
+	}
+	if err := ic.Unary()(ctxT(t), testserver.MethodUnary, nil, nil, nil, invoker); err != nil || invoked != 1 {
+		t.Errorf("unary with no connection: %v after %d attempts, want nil after 1", err, invoked)
+	}
+	denied := status.Error(codes.PermissionDenied, "no")
+	streamer := func(context.Context, *grpc.StreamDesc, *grpc.ClientConn, string, ...grpc.CallOption) (grpc.ClientStream, error) {
+		return nil, denied
+	}
+	desc := &grpc.StreamDesc{ServerStreams: true}
+	s, err := ic.Stream()(ctxT(t), desc, nil, "/grpc.testing.TestService/StreamingOutputCall", streamer)
+	if err == nil {
+		err = s.RecvMsg(new(testgrpc.StreamingOutputCallResponse))
+	}
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("stream with no connection: %v, want the streamer's PermissionDenied", err)
+	}
+}

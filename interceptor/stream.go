@@ -193,7 +193,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		s.maxAttempts = 1
 	}
 	if ic.breakers != nil {
-		b := ic.breakers.Get(cc.Target(), method)
+		b := ic.breakers.Get(targetOf(cc), method)
 		s.breaker, s.breakerState = b, b.LastState()
 		done, probe, err := b.Allow()
 		if err != nil {
@@ -215,8 +215,8 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		}
 		s.breakerChangedLocked() // admission may have moved an open breaker to half-open
 	}
-	s.bs.method, s.bs.lim = method, ic.limitsFor(cc.Target())
-	s.ctl = ic.controllerFor(cc.Target())
+	s.bs.method, s.bs.lim = method, ic.limitsFor(targetOf(cc))
+	s.ctl = ic.controllerFor(targetOf(cc))
 	s.bs.unsafe = ic.idempotentOnly && !ic.safeToRetry(method)
 	s.ctx = ic.withIdempotencyKey(s.ctx)
 	if p.hedged() {

@@ -50,7 +50,7 @@ type streamHedge struct {
 // newHedge makes a hedged stream's state.
 func (s *retryStream) newHedge() *streamHedge {
 	h := &streamHedge{decided: make(chan struct{}),
-		hedgeRules: s.ic.hedgeRulesFor(s.p, s.method, s.cc.Target(), s.bs.lim, s.breaker, s.maxAttempts)}
+		hedgeRules: s.ic.hedgeRulesFor(s.p, s.method, targetOf(s.cc), s.bs.lim, s.breaker, s.maxAttempts)}
 	s.opts, h.want = splitCatchers(s.opts)
 	h.changed = sync.NewCond(&s.mu)
 	return h

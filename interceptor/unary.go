@@ -110,7 +110,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	}
 	buf.opts = append(buf.opts, grpc.Header(&buf.header), grpc.Trailer(&buf.trailer)) // last: see attempt
 	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf,
-		lim: ic.limitsFor(cc.Target()), ctl: ic.controllerFor(cc.Target()), unsafe: unsafe}
+		lim: ic.limitsFor(targetOf(cc)), ctl: ic.controllerFor(targetOf(cc)), unsafe: unsafe}
 	maxAttempts := p.p.MaxAttempts
 	if p.hedged() {
 		maxAttempts = p.p.Hedging.MaxAttempts
@@ -126,7 +126,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	if ic.breakers == nil {
 		err = c.call(ctx, maxAttempts)
 	} else {
-		b := ic.breakers.Get(cc.Target(), method)
+		b := ic.breakers.Get(targetOf(cc), method)
 		c.breaker = b
 		var probe bool
 		before, after, berr := b.Execute(func(isProbe bool) herdguard.Verdict {
