@@ -94,6 +94,7 @@ type hedgeAttempt struct {
 	}
 	span  trace.Span
 	start time.Time
+	live  bool // its context was not over when it went out
 }
 
 func newHedgeCall() any {
@@ -218,6 +219,7 @@ func (h *hedgeCall) run(a *hedgeAttempt) error {
 	if h.window != nil || c.ctl != nil && c.ctl.Pacing() {
 		a.start = c.ic.clock.Now()
 	}
+	a.live = ctx.Err() == nil
 	return c.invoker(ctx, c.method, c.req, a.reply, c.cc, a.opts...)
 }
 
@@ -237,7 +239,7 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 	won := h.winner == a && err == nil
 	h.mu.Unlock()
 	a.cancel()
-	if c.ctl != nil {
+	if c.ctl != nil && a.live { // one never sent says nothing of the load
 		attemptDoneAfter(c.ctl, err, c.ic.clock, a.start)
 	}
 

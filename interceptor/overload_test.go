@@ -461,3 +461,43 @@ func TestOverloadAnsweredStreamsEndingAtTheirDeadline(t *testing.T) {
 		t.Errorf("the controller paces a target that answered every stream: %+v", st)
 	}
 }
+
+// An attempt whose caller's deadline had passed before it went out was
+// never sent (gRPC fails it at once): it says nothing of the server's load,
+// however many come at once (a server passing down its own expired
+// deadline), and must not start pacing a healthy target.
+func TestOverloadNeverSentSaysNothing(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{Unary: func(context.Context, *grpc_testing.SimpleRequest) (*grpc_testing.SimpleResponse, error) {
+		return &grpc_testing.SimpleResponse{}, nil
+	}})
+	ic, err := New(WithoutBreaker())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	if _, err := c.UnaryCall(ctxT(t), &grpc_testing.SimpleRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	before := srv.Requests()
+	for range 2 * overload.DefaultMinFailures {
+		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+		_, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{})
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("unary with a past deadline: %v", err)
+		}
+		s, err := c.StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("stream with a past deadline: %v", err)
+		}
+		cancel()
+	}
+	if n := srv.Requests() - before; n != 0 {
+		t.Fatalf("%d requests reached the server; the test needs none", n)
+	}
+	if st := ic.controllerFor(testserver.Target).State(); st.Pacing || st.Episodes != 0 {
+		t.Errorf("the controller paces a healthy target after calls that were never sent: %+v", st)
+	}
+}

@@ -915,12 +915,16 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		return
 	}
 	a.ended = true
-	if a == s.a && s.answered && status.Code(err) == codes.DeadlineExceeded {
+	switch {
+	case !a.live:
+		// Its context was over before it went out: it was never sent,
+		// and says nothing of the server's load.
+	case a == s.a && s.answered && status.Code(err) == codes.DeadlineExceeded:
 		// The server answered this attempt in time, and the caller's
 		// deadline ended the stream it was serving: that says nothing of
 		// its load, and a watch stream lives until its deadline.
 		attemptDone(s.ctl, nil)
-	} else {
+	default:
 		attemptDone(s.ctl, err)
 	}
 	s.ic.attemptEnded(s.ctx, s.method, a.span, a.n, err, s.hedge != nil && a.n > 1, s.hedge != nil && s.hedge.winner == a.n)

@@ -253,7 +253,9 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		// refused pushback, and no failure after headers, for throttling.
 		catch := attempt < maxAttempts || c.lim != nil && c.lim.throttle != nil
 		end := c.attempt(actx, attempt, catch)
-		if c.ctl != nil {
+		if c.ctl != nil && live {
+			// An attempt whose context was over before it went out was
+			// never sent: it says nothing of the server's load.
 			attemptDoneAfter(c.ctl, end.err, c.ic.clock, sent)
 		}
 		last = end.err
