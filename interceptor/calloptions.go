@@ -47,3 +47,36 @@ type streamBufferOption struct {
 	grpc.EmptyCallOption
 	n int
 }
+
+// splitOnFinish returns opts without the caller's grpc.OnFinish options,
+// and their functions. gRPC calls them once per call, after its retries;
+// passed to every attempt they would run once per attempt, with the failed
+// attempts' errors. It allocates only when there are any.
+func splitOnFinish(opts []grpc.CallOption) ([]grpc.CallOption, []func(error)) {
+	n := 0
+	for _, o := range opts {
+		if _, ok := o.(grpc.OnFinishCallOption); ok {
+			n++
+		}
+	}
+	if n == 0 {
+		return opts, nil
+	}
+	kept := make([]grpc.CallOption, 0, len(opts)-n)
+	finish := make([]func(error), 0, n)
+	for _, o := range opts {
+		if f, ok := o.(grpc.OnFinishCallOption); ok {
+			finish = append(finish, f.OnFinish)
+		} else {
+			kept = append(kept, o)
+		}
+	}
+	return kept, finish
+}
+
+// finished runs a call's OnFinish functions with its final error.
+func finished(finish []func(error), err error) {
+	for _, f := range finish {
+		f(err)
+	}
+}

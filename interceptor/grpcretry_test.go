@@ -1308,3 +1308,80 @@ func TestGRPCThrottlingUnnamedMethodPushback(t *testing.T) {
 		})
 	}
 }
+
+// TestGRPCOnFinishOncePerCall: a caller's grpc.OnFinish runs once per call,
+// after its retries, with the call's final error, as gRPC's own retry runs
+// it; not once per attempt with the failed attempts' errors. Unary calls
+// and streams, each failing twice with Unavailable before it succeeds, and
+// a call that runs out of attempts.
+func TestGRPCOnFinishOncePerCall(t *testing.T) {
+	for _, m := range retryModes {
+		for _, kind := range []string{"unary", "stream"} {
+			for _, succeed := range []bool{true, false} {
+				t.Run(fmt.Sprintf("%s/%s/succeeds=%v", m, kind, succeed), func(t *testing.T) {
+					var n atomic.Int32
+					fail := func() error {
+						if n.Add(1) <= 2 || !succeed {
+							return status.Error(codes.Unavailable, "down")
+						}
+						return nil
+					}
+					srv := testserver.Start(t, &testserver.Server{
+						Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+							if err := fail(); err != nil {
+								return nil, err
+							}
+							return &testgrpc.SimpleResponse{}, nil
+						},
+						ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+							if err := fail(); err != nil {
+								return err
+							}
+							return ss.Send(&testgrpc.StreamingOutputCallResponse{})
+						},
+					})
+					c := srv.Client(t, dialRetry(t, m, retryConfig(3, "0.001s", "UNAVAILABLE"), nil)...)
+					var (
+						mu   sync.Mutex
+						ends []error
+					)
+					onFinish := grpc.OnFinish(func(err error) {
+						mu.Lock()
+						defer mu.Unlock()
+						ends = append(ends, err)
+					})
+					var err error
+					if kind == "unary" {
+						_, err = c.UnaryCall(portCtx(t), &testgrpc.SimpleRequest{}, onFinish)
+					} else {
+						var s testgrpc.TestService_StreamingOutputCallClient
+						if s, err = c.StreamingOutputCall(portCtx(t), &testgrpc.StreamingOutputCallRequest{}, onFinish); err == nil {
+							_, err = recvAllMsgs(s)
+						}
+					}
+					if (err == nil) != succeed || n.Load() != 3 {
+						t.Fatalf("call: %v after %d attempts; want success=%v after 3", err, n.Load(), succeed)
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					if len(ends) != 1 || (ends[0] == nil) != succeed || ends[0] != nil && status.Code(ends[0]) != codes.Unavailable {
+						t.Errorf("OnFinish ran with %v; want once, with the call's final error", ends)
+					}
+				})
+			}
+		}
+	}
+}
+
+// recvAllMsgs reads a server stream to its end: the messages, and nil for
+// an OK end.
+func recvAllMsgs(s testgrpc.TestService_StreamingOutputCallClient) (int, error) {
+	for n := 0; ; n++ {
+		if _, err := s.Recv(); err != nil {
+			if err == io.EOF {
+				return n, nil
+			}
+			return n, err
+		}
+	}
+}

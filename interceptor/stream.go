@@ -67,6 +67,7 @@ type retryStream struct {
 	desc     *grpc.StreamDesc
 	cc       *grpc.ClientConn
 	method   string
+	onFinish []func(error) // the caller's grpc.OnFinish, run once at the end
 	streamer grpc.Streamer
 	opts     []grpc.CallOption
 	limit    int
@@ -167,8 +168,9 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	if err == nil {
 		err = lerr
 	}
+	opts, finish := splitOnFinish(opts)
 	s := &retryStream{ic: ic, p: p, tracer: ic.tracing.tracer(), desc: desc, cc: cc, method: method,
-		streamer: streamer, opts: opts, limit: limit}
+		streamer: streamer, opts: opts, limit: limit, onFinish: finish}
 	s.ended.Add(1)
 	if s.tracer != nil {
 		ctx, s.span = startCall(ctx, s.tracer, method, targetOf(cc))
@@ -179,6 +181,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		s.outcome = OutcomeInvalidCallOption
 		s.endSpan(err)
 		ic.metering.call(ctx, method, s.outcome)
+		finished(finish, err)
 		return nil, err
 	}
 	if d := p.p.Timeout; d > 0 {
@@ -207,6 +210,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 			}
 			s.endSpan(err)
 			ic.metering.call(ctx, method, s.outcome)
+			finished(finish, err)
 			return nil, err
 		}
 		s.breakerDone, s.probe = done, probe
@@ -881,6 +885,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	}
 	s.endSpan(err)
 	s.ic.metering.call(s.ctx, s.method, s.outcome)
+	finished(s.onFinish, err)
 	s.ended.Done()
 }
 

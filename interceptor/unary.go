@@ -81,6 +81,11 @@ type unaryCall struct {
 }
 
 func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if kept, finish := splitOnFinish(opts); finish != nil {
+		err := ic.unary(ctx, method, req, reply, cc, invoker, kept...)
+		finished(finish, err)
+		return err
+	}
 	p, noRetry, err := ic.policyFor(method, opts)
 	tracer := ic.tracing.tracer()
 	var span trace.Span
