@@ -36,7 +36,12 @@
 // single attempt only, that failed after the server sent headers, or that
 // the caller cancelled, returns gRPC's error as it is. A call whose retries
 // stopped returns a [*RetryError] that carries the last status: status.Code
-// and status.FromError see through it.
+// and status.FromError see through it. The last attempt a call may make is
+// not checked for headers or pushback, as no retry could follow it (gRPC
+// copies the caught headers and trailer): a call whose last attempt failed
+// returns a RetryError with outcome exhausted, even if that attempt's server
+// sent headers or a pushback that stops retries. With throttling on the
+// last attempt is checked too, for gRPC counts a stopping pushback there.
 //
 // # Circuit breaker
 //

@@ -46,7 +46,8 @@ const (
 	// OutcomeFailedAfterCommit: the call failed after it committed, so it
 	// was not retried: the server had sent response headers (gRFC A6), or,
 	// for a stream, the caller had a message, called Context, or the replay
-	// buffer overflowed.
+	// buffer overflowed. A unary call's last allowed attempt is not checked
+	// for headers (no retry could follow): it ends as exhausted.
 	OutcomeFailedAfterCommit Outcome = "failed_after_commit"
 	// OutcomeShed: the overload controller shed an attempt without sending
 	// it: the server is overloaded and the call's deadline could not be met
