@@ -107,15 +107,15 @@ type Controller struct {
 	pacing    atomic.Bool
 	collapsed atomic.Bool  // pacing, and the last interval refused everything
 	ok        atomic.Int64 // answers in the current interval (while calm: since start)
-	// While calm, the times of the first and the last calmBatch-th answer
-	// since start, in Unix nanoseconds (0: none yet), and how many there
-	// were; see calmRateLocked.
-	firstBatch atomic.Int64
-	lastBatch  atomic.Int64
-	batches    atomic.Int64
-	delayed    atomic.Uint64
-	shed       atomic.Uint64
-	episodes   atomic.Uint64
+	// While calm: the time of the first answer since start, and of the
+	// last calmBatch-th, in Unix nanoseconds (0: none yet), and the count
+	// of answers at that one; see calmRateLocked.
+	firstAt  atomic.Int64
+	batchAt  atomic.Int64
+	batchN   atomic.Int64
+	delayed  atomic.Uint64
+	shed     atomic.Uint64
+	episodes atomic.Uint64
 
 	mu       sync.Mutex
 	start    time.Time // of the current interval
@@ -244,7 +244,7 @@ func (c *Controller) acquire(ctx context.Context, back bool) (time.Duration, err
 func (c *Controller) Pacing() bool { return c.pacing.Load() }
 
 // Answered is Done(Answered) without its switch: while calm it is one
-// atomic load and one atomic add (and a clock reading per 128 answers), and
+// atomic load and one atomic add (and two clock readings per 128 answers), and
 // takes no lock.
 func (c *Controller) Answered() {
 	if !c.pacing.Load() {
@@ -410,61 +410,59 @@ func (c *Controller) advanceLocked(now time.Time) {
 }
 
 // calmBatch is how many calm answers go between two readings of the clock
-// (a power of two): the calm path reads it once per calmBatch answers, to
-// see pauses.
+// (a power of two): the calm path reads it at the first answer of a calm
+// stretch and then once per calmBatch answers, to see pauses.
 const calmBatch = 128
 
-// countCalm counts an answer while calm: one atomic add, and once per
-// calmBatch answers a reading of the clock.
+// countCalm counts an answer while calm: one atomic add, and at the first
+// and every calmBatch-th answer a reading of the clock.
 func (c *Controller) countCalm() {
-	if c.ok.Add(1)&(calmBatch-1) == 0 {
-		c.stampCalm()
+	if n := c.ok.Add(1); n&(calmBatch-1) <= 1 { // one test, to stay inlined
+		c.stampCalm(n)
 	}
 }
 
-func (c *Controller) stampCalm() {
-	t := c.s.Now().UnixNano()
-	c.firstBatch.CompareAndSwap(0, t)
-	c.lastBatch.Store(t)
-	c.batches.Add(1)
+func (c *Controller) stampCalm(n int64) {
+	switch {
+	case n == 1:
+		c.firstAt.Store(c.s.Now().UnixNano())
+	case n&(calmBatch-1) == 0:
+		c.batchAt.Store(c.s.Now().UnixNano())
+		c.batchN.Store(n)
+	}
 }
 
 // calmFromLocked starts a calm stretch at now.
 func (c *Controller) calmFromLocked(now time.Time) {
 	c.start = now
-	c.firstBatch.Store(0)
-	c.lastBatch.Store(0)
-	c.batches.Store(0)
+	c.firstAt.Store(0)
+	c.batchAt.Store(0)
+	c.batchN.Store(0)
 }
 
 // calmRateLocked is the throughput per interval that a calm stretch of n
 // intervals, which ends now with ok answers, shows the server sustains; 0
-// when it shows nothing, and what was known stays. A pause of Calm
-// intervals or more before its first batch of answers or after its last
-// says nothing of the server and is left out: a client idle for ten
-// minutes before a burst, or after one, would otherwise learn a rate far
-// below what the server took, restart at it after an overload, and starve
-// its callers. A stretch with less than one answer per interval, pauses
-// left out, shows nothing either.
+// when it shows nothing, and what was known stays. Idle time says nothing
+// of the server and is left out: a client idle for ten minutes before a
+// burst, or after one, would otherwise learn a rate far below what the
+// server took, restart at it after an overload, and starve its callers.
+// The stretch counts from its first answer; its end, from the last batch
+// of answers plus the time the answers after it took at the rate of those
+// before, when a pause of Calm intervals or more follows. A stretch with
+// less than one answer per interval, pauses left out, shows nothing.
 func (c *Controller) calmRateLocked(ok float64, n time.Duration, now time.Time) float64 {
-	if first, last := c.firstBatch.Load(), c.lastBatch.Load(); first != 0 && last != 0 {
-		pause := time.Duration(c.s.Calm) * c.s.Interval
-		span := now.Sub(c.start)
-		// The first batch took as long to come as the others did, on
-		// average; the pause is before that.
-		if b := c.batches.Load(); b >= 2 {
-			took := time.Duration(float64(last-first) / float64(b-1))
-			if lead := time.Duration(first-c.start.UnixNano()) - took; lead >= pause {
-				span -= lead
+	span := float64(n * c.s.Interval)
+	if first := c.firstAt.Load(); first != 0 {
+		span = float64(now.UnixNano() - first)
+		if at, k := c.batchAt.Load(), c.batchN.Load(); at > first && k > 1 {
+			perAnswer := float64(at-first) / float64(k-1)
+			trail := float64(now.UnixNano()-at) - (ok-float64(k))*perAnswer
+			if trail >= float64(time.Duration(c.s.Calm)*c.s.Interval) {
+				span -= trail
 			}
 		}
-		// The interval of the last batch was busy; the pause is after it.
-		if trail := time.Duration(now.UnixNano()-last) - c.s.Interval; trail >= pause {
-			span -= trail
-		}
-		n = max(1, span/c.s.Interval)
 	}
-	if r := ok / float64(n); r >= 1 {
+	if r := ok / max(1, span/float64(c.s.Interval)); r >= 1 {
 		return r
 	}
 	return 0

@@ -500,60 +500,58 @@ func TestRestartWithNothingKnown(t *testing.T) {
 // with too little known (less than an answer per interval) to a slow
 // start, never to an average diluted by idle time. Such an average once
 // restarted a client idle for ten minutes at one attempt per eight
-// minutes, and its line never moved.
+// minutes, and its line never moved. Answers come spread over each
+// interval, as they do.
 func TestCalmPausesAreNotThroughput(t *testing.T) {
-	busy := func(c *Controller, clk *fakeClock, intervals, perInterval int) {
-		for range intervals {
-			report(c, Answered, perInterval)
-			clk.Advance(DefaultInterval)
+	busy := func(c *Controller, clk *fakeClock, intervals int, perInterval float64) {
+		step := time.Duration(float64(DefaultInterval) / perInterval)
+		for end := clk.Now().Add(time.Duration(intervals) * DefaultInterval); clk.Now().Before(end); clk.Advance(step) {
+			c.Done(Answered)
 		}
 	}
+	idle := func(d time.Duration) func(*Controller, *fakeClock) {
+		return func(_ *Controller, clk *fakeClock) { clk.Advance(d) }
+	}
+	burst := func(n int) func(*Controller, *fakeClock) {
+		return func(c *Controller, _ *fakeClock) { report(c, Answered, n) }
+	}
+	steady := func(intervals int, perInterval float64) func(*Controller, *fakeClock) {
+		return func(c *Controller, clk *fakeClock) { busy(c, clk, intervals, perInterval) }
+	}
 	for _, tc := range []struct {
-		name    string
-		calm    func(*Controller, *fakeClock)
-		refused int // enough to start pacing after the calm stretch
-		want    float64
+		name  string
+		calm  []func(*Controller, *fakeClock)
+		state bool    // a metrics reader closes the stretch between the steps
+		want  float64 // the restart's rate per interval; 2 is a slow start
 	}{
-		{"steady", func(c *Controller, clk *fakeClock) { busy(c, clk, 30, 60) }, 20, 60},
-		{"a short pause is noise", func(c *Controller, clk *fakeClock) {
-			busy(c, clk, 15, 60)
-			clk.Advance(5 * DefaultInterval)
-			busy(c, clk, 15, 60)
-		}, 20, 1800.0 / 35},
-		{"busy, then idle", func(c *Controller, clk *fakeClock) {
-			busy(c, clk, 30, 60)
-			clk.Advance(3 * time.Second)
-		}, 20, 60},
-		{"idle, then busy", func(c *Controller, clk *fakeClock) {
-			clk.Advance(10 * time.Minute)
-			busy(c, clk, 30, 60)
-		}, 20, 60},
-		{"idle, then a burst", func(c *Controller, clk *fakeClock) {
-			clk.Advance(10 * time.Minute)
-			report(c, Answered, 300)
-		}, 300, 300},
-		{"one answer, then idle", func(c *Controller, clk *fakeClock) {
-			report(c, Answered, 1)
-			clk.Advance(10 * time.Minute)
-		}, 20, 2},
-		{"a trickle", func(c *Controller, clk *fakeClock) { busy(c, clk, 30, 0); report(c, Answered, 10) }, 20, 2},
-		{"an idle stretch keeps what was known", func(c *Controller, clk *fakeClock) {
-			busy(c, clk, 30, 60)
-			c.State() // a metrics reader closes the stretch
-			clk.Advance(3 * time.Second)
-			c.State()
-		}, 20, 60},
+		{"steady", []func(*Controller, *fakeClock){steady(30, 60)}, false, 60},
+		{"steady and low", []func(*Controller, *fakeClock){steady(50, 5)}, false, 5},
+		{"steady and lower", []func(*Controller, *fakeClock){steady(100, 3)}, false, 3},
+		{"a short pause is noise", []func(*Controller, *fakeClock){steady(15, 60), idle(5 * DefaultInterval), steady(15, 60)}, false, 1800.0 / 35},
+		{"busy, then idle", []func(*Controller, *fakeClock){steady(30, 60), idle(3 * time.Second)}, false, 60},
+		{"low, then idle", []func(*Controller, *fakeClock){steady(50, 5), idle(3 * time.Second)}, false, 5},
+		{"idle, then busy", []func(*Controller, *fakeClock){idle(10 * time.Minute), steady(30, 60)}, false, 60},
+		{"idle, then a burst", []func(*Controller, *fakeClock){idle(10 * time.Minute), burst(100)}, false, 100},
+		{"idle, then a larger burst", []func(*Controller, *fakeClock){idle(10 * time.Minute), burst(200)}, false, 200},
+		{"one answer, then idle", []func(*Controller, *fakeClock){burst(1), idle(10 * time.Minute)}, false, 2},
+		{"a trickle", []func(*Controller, *fakeClock){steady(60, 0.5)}, false, 2},
+		{"an idle stretch keeps what was known", []func(*Controller, *fakeClock){steady(30, 60), idle(3 * time.Second)}, true, 60},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, clk := newController(t, Settings{})
-			tc.calm(c, clk)
-			report(c, Overloaded, tc.refused)
+			for _, step := range tc.calm {
+				step(c, clk)
+				if tc.state {
+					c.State()
+				}
+			}
+			report(c, Overloaded, max(20, int(c.ok.Load()))) // at least as many refusals as answers
 			if !c.Pacing() {
 				t.Fatal("not pacing")
 			}
 			clk.Advance(DefaultInterval) // collapsed
 			answerProbe(t, c)
-			if got := rateOf(c); math.Abs(got-tc.want) > 1e-9 {
+			if got := rateOf(c); math.Abs(got-tc.want) > 0.02*tc.want {
 				t.Errorf("restart = %v per interval, want %v", got, tc.want)
 			}
 		})
