@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard/internal/testserver"
@@ -423,42 +424,57 @@ func wantShedThenSent(t *testing.T, srv *testserver.Server, c grpc_testing.TestS
 // that lives until then), says nothing of the server's load: many such
 // ends at once must not start pacing a healthy target.
 func TestOverloadAnsweredStreamsEndingAtTheirDeadline(t *testing.T) {
-	srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *grpc_testing.StreamingOutputCallRequest, ss grpc_testing.TestService_StreamingOutputCallServer) error {
-		if err := ss.Send(&grpc_testing.StreamingOutputCallResponse{Payload: payload("hello")}); err != nil {
-			return err
-		}
-		<-ss.Context().Done()
-		return status.FromContextError(ss.Context().Err()).Err()
-	}})
-	ic, err := New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := srv.Client(t, ic.DialOptions()...)
-	// Twice the controller's MinFailures, ending together.
-	deadline := time.Now().Add(500 * time.Millisecond)
-	var wg sync.WaitGroup
-	for range 2 * overload.DefaultMinFailures {
-		wg.Go(func() {
-			ctx, cancel := context.WithDeadline(context.Background(), deadline)
-			defer cancel()
-			s, err := c.StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
+	for _, tc := range []struct {
+		name    string
+		message bool // the server sends a message, or headers alone
+	}{{"a message", true}, {"headers alone", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *grpc_testing.StreamingOutputCallRequest, ss grpc_testing.TestService_StreamingOutputCallServer) error {
+				var err error
+				if tc.message {
+					err = ss.Send(&grpc_testing.StreamingOutputCallResponse{Payload: payload("hello")})
+				} else {
+					err = ss.SendHeader(metadata.Pairs("watch", "on"))
+				}
+				if err != nil {
+					return err
+				}
+				<-ss.Context().Done()
+				return status.FromContextError(ss.Context().Err()).Err()
+			}})
+			ic, err := New()
 			if err != nil {
-				t.Error(err)
-				return
+				t.Fatal(err)
 			}
-			if _, err := s.Recv(); err != nil {
-				t.Error("first message:", err)
-				return
+			c := srv.Client(t, ic.DialOptions()...)
+			// Twice the controller's MinFailures, ending together.
+			deadline := time.Now().Add(500 * time.Millisecond)
+			var wg sync.WaitGroup
+			for range 2 * overload.DefaultMinFailures {
+				wg.Go(func() {
+					ctx, cancel := context.WithDeadline(context.Background(), deadline)
+					defer cancel()
+					s, err := c.StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if tc.message {
+						if _, err := s.Recv(); err != nil {
+							t.Error("first message:", err)
+							return
+						}
+					}
+					if _, err := s.Recv(); status.Code(err) != codes.DeadlineExceeded {
+						t.Error("the stream's end:", err)
+					}
+				})
 			}
-			if _, err := s.Recv(); status.Code(err) != codes.DeadlineExceeded {
-				t.Error("the stream's end:", err)
+			wg.Wait()
+			if st := ic.controllerFor(testserver.Target).State(); st.Pacing || st.Episodes != 0 {
+				t.Errorf("the controller paces a target that answered every stream: %+v", st)
 			}
 		})
-	}
-	wg.Wait()
-	if st := ic.controllerFor(testserver.Target).State(); st.Pacing || st.Episodes != 0 {
-		t.Errorf("the controller paces a target that answered every stream: %+v", st)
 	}
 }
 

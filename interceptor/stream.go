@@ -266,6 +266,16 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 // turn DeadlineExceeded into Canceled.
 func (s *retryStream) contextDone() {
 	s.mu.Lock()
+	if a := s.a; a != nil && a.cs != nil && !s.answered && !s.finished {
+		// Did the server answer with headers, unseen so far? With the
+		// context over, Header returns at once.
+		s.mu.Unlock()
+		md, _ := a.cs.Header()
+		s.mu.Lock()
+		if md != nil && s.a == a {
+			s.answered = true
+		}
+	}
 	s.finishUnlock(status.FromContextError(s.ctx.Err()).Err(), false)
 }
 
@@ -370,6 +380,7 @@ func (s *retryStream) watchHeaders(a *streamAttempt) {
 	}
 	s.mu.Lock()
 	if s.a == a && !s.finished {
+		s.answered = true
 		s.commitLocked(false)
 	}
 	s.mu.Unlock()
@@ -403,6 +414,7 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 			}
 		}
 		if end.headers {
+			s.answered = true
 			s.commitLocked(false)
 		}
 		s.endAttemptLocked(a, end.err)
