@@ -311,7 +311,12 @@ func steadyBest(sc Scenario, f Faults) int {
 	var downFrom, downTo time.Duration
 	if f.Model == ModelSticky && f.TriggerFor > 0 {
 		if c, _ := f.capacityAt(f.TriggerAt); sc.Rate*w.Seconds() > float64(c) {
-			downFrom, downTo = f.TriggerAt, f.TriggerAt+w+f.RecoverAfter
+			// The server's windows start at multiples of w: the trigger's
+			// first is the first to start at or after TriggerAt, and the
+			// server recovers at the first window start at least
+			// RecoverAfter after the calm began, the window after it.
+			downFrom = (f.TriggerAt + w - 1) / w * w
+			downTo = downFrom + w + (f.RecoverAfter+w-1)/w*w
 		}
 	}
 	okCalls, next, head := 0, 0, 0 // calls [head, next) wait, oldest first

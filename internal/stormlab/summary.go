@@ -159,6 +159,6 @@ when the server can take it, oldest first, until its deadline, but cannot forese
 // HerdLegend says where the figures of a herd table come from.
 const HerdLegend = `calls ok: counted by the client; attempts, last success, overloaded for, peak retries: counted by the server
 from its first arrival. least possible: every call once, plus one retry of each the first window turned away
-(1000 + (1000 - C)); the last success as the last window the retries need begins: after the first window, the
-server's calm, and one window per C calls left (1.0 s + ceil((1000 - C)/C) x 0.1 s at full scale). x least: the
-row's figure as a multiple of the least.`
+(1000 + (1000 - C)); the last success as the last window the retries need begins: the first window and the
+server's calm, then one window per C calls left but the last (1.0 s + ceil((1000 - C)/C) x 0.1 s at full scale).
+x least: the row's figure as a multiple of the least.`
