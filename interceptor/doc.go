@@ -39,9 +39,10 @@
 // and status.FromError see through it. The last attempt a call may make is
 // not checked for headers or pushback, as no retry could follow it (gRPC
 // copies the caught headers and trailer): a call whose last attempt failed
-// returns a RetryError with outcome exhausted, even if that attempt's server
-// sent headers or a pushback that stops retries. With throttling on the
-// last attempt is checked too, for gRPC counts a stopping pushback there.
+// with a retryable code returns a RetryError with outcome exhausted, even if
+// that attempt's server sent headers or a pushback that stops retries. With
+// throttling on the last attempt is checked too, for gRPC counts a stopping
+// pushback there, and so is every hedge of a hedged call.
 //
 // # Circuit breaker
 //
