@@ -169,11 +169,12 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		err = lerr
 	}
 	opts, finish := splitOnFinish(opts)
+	target := targetOf(cc)
 	s := &retryStream{ic: ic, p: p, tracer: ic.tracing.tracer(), desc: desc, cc: cc, method: method,
 		streamer: streamer, opts: opts, limit: limit, onFinish: finish}
 	s.ended.Add(1)
 	if s.tracer != nil {
-		ctx, s.span = startCall(ctx, s.tracer, method, targetOf(cc))
+		ctx, s.span = startCall(ctx, s.tracer, method, target)
 	}
 	s.ctx = ctx
 	if err != nil {
@@ -196,7 +197,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		s.maxAttempts = 1
 	}
 	if ic.breakers != nil {
-		b := ic.breakers.Get(targetOf(cc), method)
+		b := ic.breakers.Get(target, method)
 		s.breaker, s.breakerState = b, b.LastState()
 		done, probe, err := b.Allow()
 		if err != nil {
@@ -219,8 +220,8 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		}
 		s.breakerChangedLocked() // admission may have moved an open breaker to half-open
 	}
-	s.bs.method, s.bs.lim = method, ic.limitsFor(targetOf(cc))
-	s.ctl = ic.controllerFor(targetOf(cc))
+	s.bs.method, s.bs.lim = method, ic.limitsFor(target)
+	s.ctl = ic.controllerFor(target)
 	s.bs.unsafe = ic.idempotentOnly && !ic.safeToRetry(method)
 	s.ctx = ic.withIdempotencyKey(s.ctx)
 	if p.hedged() {

@@ -114,8 +114,9 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		buf.opts = append(buf.opts, grpc.Peer(&buf.peer))
 	}
 	buf.opts = append(buf.opts, grpc.Header(&buf.header), grpc.Trailer(&buf.trailer)) // last: see attempt
+	target := targetOf(cc)
 	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf,
-		lim: ic.limitsFor(targetOf(cc)), ctl: ic.controllerFor(targetOf(cc)), unsafe: unsafe}
+		lim: ic.limitsFor(target), ctl: ic.controllerFor(target), unsafe: unsafe}
 	maxAttempts := p.p.MaxAttempts
 	if p.hedged() {
 		maxAttempts = p.p.Hedging.MaxAttempts
@@ -131,7 +132,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	if ic.breakers == nil {
 		err = c.call(ctx, maxAttempts)
 	} else {
-		b := ic.breakers.Get(targetOf(cc), method)
+		b := ic.breakers.Get(target, method)
 		c.breaker = b
 		var probe bool
 		before, after, berr := b.Execute(func(isProbe bool) herdguard.Verdict {

@@ -503,44 +503,40 @@ func TestRestartWithNothingKnown(t *testing.T) {
 // minutes, and its line never moved. Answers come spread over each
 // interval, as they do.
 func TestCalmPausesAreNotThroughput(t *testing.T) {
-	busy := func(c *Controller, clk *fakeClock, intervals int, perInterval float64) {
-		step := time.Duration(float64(DefaultInterval) / perInterval)
-		for end := clk.Now().Add(time.Duration(intervals) * DefaultInterval); clk.Now().Before(end); clk.Advance(step) {
-			c.Done(Answered)
+	type step = func(*Controller, *fakeClock)
+	steady := func(intervals int, perInterval float64) step {
+		return func(c *Controller, clk *fakeClock) {
+			every := time.Duration(float64(DefaultInterval) / perInterval)
+			for end := clk.Now().Add(time.Duration(intervals) * DefaultInterval); clk.Now().Before(end); clk.Advance(every) {
+				c.Done(Answered)
+			}
 		}
 	}
-	idle := func(d time.Duration) func(*Controller, *fakeClock) {
-		return func(_ *Controller, clk *fakeClock) { clk.Advance(d) }
-	}
-	burst := func(n int) func(*Controller, *fakeClock) {
-		return func(c *Controller, _ *fakeClock) { report(c, Answered, n) }
-	}
-	steady := func(intervals int, perInterval float64) func(*Controller, *fakeClock) {
-		return func(c *Controller, clk *fakeClock) { busy(c, clk, intervals, perInterval) }
-	}
+	idle := func(d time.Duration) step { return func(_ *Controller, clk *fakeClock) { clk.Advance(d) } }
+	burst := func(n int) step { return func(c *Controller, _ *fakeClock) { report(c, Answered, n) } }
 	for _, tc := range []struct {
 		name  string
-		calm  []func(*Controller, *fakeClock)
+		calm  []step
 		state bool    // a metrics reader closes the stretch between the steps
 		want  float64 // the restart's rate per interval; 2 is a slow start
 	}{
-		{"steady", []func(*Controller, *fakeClock){steady(30, 60)}, false, 60},
-		{"steady and low", []func(*Controller, *fakeClock){steady(50, 5)}, false, 5},
-		{"steady and lower", []func(*Controller, *fakeClock){steady(100, 3)}, false, 3},
-		{"a short pause is noise", []func(*Controller, *fakeClock){steady(15, 60), idle(5 * DefaultInterval), steady(15, 60)}, false, 1800.0 / 35},
-		{"busy, then idle", []func(*Controller, *fakeClock){steady(30, 60), idle(3 * time.Second)}, false, 60},
-		{"low, then idle", []func(*Controller, *fakeClock){steady(50, 5), idle(3 * time.Second)}, false, 5},
-		{"idle, then busy", []func(*Controller, *fakeClock){idle(10 * time.Minute), steady(30, 60)}, false, 60},
-		{"idle, then a burst", []func(*Controller, *fakeClock){idle(10 * time.Minute), burst(100)}, false, 100},
-		{"idle, then a larger burst", []func(*Controller, *fakeClock){idle(10 * time.Minute), burst(200)}, false, 200},
-		{"one answer, then idle", []func(*Controller, *fakeClock){burst(1), idle(10 * time.Minute)}, false, 2},
-		{"a trickle", []func(*Controller, *fakeClock){steady(60, 0.5)}, false, 2},
-		{"an idle stretch keeps what was known", []func(*Controller, *fakeClock){steady(30, 60), idle(3 * time.Second)}, true, 60},
+		{"steady", []step{steady(30, 60)}, false, 60},
+		{"steady and low", []step{steady(50, 5)}, false, 5},
+		{"steady and lower", []step{steady(100, 3)}, false, 3},
+		{"a short pause is noise", []step{steady(15, 60), idle(5 * DefaultInterval), steady(15, 60)}, false, 1800.0 / 35},
+		{"busy, then idle", []step{steady(30, 60), idle(3 * time.Second)}, false, 60},
+		{"low, then idle", []step{steady(50, 5), idle(3 * time.Second)}, false, 5},
+		{"idle, then busy", []step{idle(10 * time.Minute), steady(30, 60)}, false, 60},
+		{"idle, then a burst", []step{idle(10 * time.Minute), burst(100)}, false, 100},
+		{"idle, then a larger burst", []step{idle(10 * time.Minute), burst(200)}, false, 200},
+		{"one answer, then idle", []step{burst(1), idle(10 * time.Minute)}, false, 2},
+		{"a trickle", []step{steady(60, 0.5)}, false, 2},
+		{"an idle stretch keeps what was known", []step{steady(30, 60), idle(3 * time.Second)}, true, 60},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, clk := newController(t, Settings{})
-			for _, step := range tc.calm {
-				step(c, clk)
+			for _, do := range tc.calm {
+				do(c, clk)
 				if tc.state {
 					c.State()
 				}
