@@ -964,7 +964,7 @@ func (s *retryStream) endSpan(err error) {
 		s.span.SetAttributes(AttrBreakerProbe.Bool(true))
 	}
 	if h := s.hedge; h != nil {
-		s.span.SetAttributes(AttrHedges.Int(s.attempts - 1))
+		s.span.SetAttributes(AttrHedges.Int(max(s.attempts-1, 0))) // 0 attempts: none sent
 		if h.winner > 0 {
 			s.span.SetAttributes(AttrHedgeWinner.Int(h.winner))
 		}

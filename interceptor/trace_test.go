@@ -474,3 +474,62 @@ func TestStreamEndRecordedBeforeRecvReturns(t *testing.T) {
 		t.Fatalf("%d call spans ended, want 1", len(calls))
 	}
 }
+
+// A hedged stream that never sent an attempt (its context was over before
+// the first) reports no hedges on its call span, not -1.
+func TestHedgedStreamWithoutAttemptsReportsNoHedges(t *testing.T) {
+	rec, tp := newRecorder()
+	srv := testserver.Start(t, &testserver.Server{
+		ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+			return ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("0")})
+		}})
+	c, _ := streamClient(t, srv, WithTracerProvider(tp),
+		WithPolicy(policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3}}))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{}); err == nil {
+		t.Fatal("a stream opened on a cancelled context")
+	}
+	calls := spansNamed(rec.Ended(), "grpc.testing.TestService/StreamingOutputCall")
+	if len(calls) != 1 {
+		t.Fatalf("%d call spans, want 1", len(calls))
+	}
+	a := attrs(calls[0])
+	if v := a[AttrHedges]; v.AsInt64() != 0 || a[AttrAttempts].AsInt64() != 0 {
+		t.Errorf("call span %s = %d, %s = %d; want 0 and 0", AttrHedges, v.AsInt64(), AttrAttempts, a[AttrAttempts].AsInt64())
+	}
+}
+
+// New asks the global provider whether it makes spans by starting a probe
+// span, which must end like every other span.
+func TestProviderProbeSpanEnds(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSpanProcessor(rec))
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+	if _, err := New(); err != nil {
+		t.Fatal(err)
+	}
+	if started, ended := len(rec.Started()), len(rec.Ended()); started == 0 || started != ended {
+		t.Errorf("New started %d span(s) and ended %d; want the probe started and ended", started, ended)
+	}
+}
+
+// A call refused for an invalid call option has the status message as its
+// span's description, as every other call has, not the error's text.
+func TestInvalidCallOptionSpanDescription(t *testing.T) {
+	rec, tp := newRecorder()
+	_, c, _, _ := setup(t, fail(codes.OK), WithTracerProvider(tp))
+	err := call(t, c, CallPolicy(policy.Policy{MaxAttempts: -1}))
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("an invalid CallPolicy: %v, want InvalidArgument", err)
+	}
+	calls := spansNamed(rec.Ended(), "grpc.testing.TestService/UnaryCall")
+	if len(calls) != 1 {
+		t.Fatalf("%d call spans, want 1", len(calls))
+	}
+	if d, want := calls[0].Status().Description, status.Convert(err).Message(); d != want {
+		t.Errorf("span status description %q, want the status message %q", d, want)
+	}
+}

@@ -93,9 +93,10 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		ctx, span = startCall(ctx, tracer, method, targetOf(cc))
 	}
 	if err != nil {
-		err = status.Error(codes.InvalidArgument, err.Error())
+		msg := err.Error()
+		err = status.Error(codes.InvalidArgument, msg)
 		if span != nil {
-			endCall(span, 0, OutcomeInvalidCallOption, codes.InvalidArgument, err.Error())
+			endCall(span, 0, OutcomeInvalidCallOption, codes.InvalidArgument, msg)
 		}
 		ic.metering.call(ctx, method, OutcomeInvalidCallOption)
 		return err
