@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard"
@@ -147,7 +148,8 @@ func startCall(ctx context.Context, tr trace.Tracer, method, target string) (con
 // serverAddress returns the host (or socket path) and port that a gRPC
 // target names, for server.address and server.port: "host:port",
 // "dns:///host:port", "dns://resolver/host:port", "unix:///path" or
-// "unix:path" (no port). port is 0 when the target names none; host is ""
+// "unix:path" (no port), or "scheme:endpoint" for a registered resolver's
+// scheme, as gRPC reads it. port is 0 when the target names none; host is ""
 // when target is.
 func serverAddress(target string) (host string, port int) {
 	scheme, rest, ok := strings.Cut(target, ":")
@@ -166,8 +168,11 @@ func serverAddress(target string) (host string, port int) {
 	if isScheme(scheme) {
 		if after, ok := strings.CutPrefix(rest, "//"); ok {
 			_, endpoint, _ = strings.Cut(after, "/") // scheme://authority/endpoint
-		} else if strings.Contains(rest, ":") {
-			endpoint = rest // scheme:host:port ("localhost:50051" has no second colon)
+		} else if strings.Contains(rest, ":") || resolver.Get(scheme) != nil {
+			// scheme:host:port, or scheme:endpoint with a scheme gRPC
+			// resolves ("passthrough:bufnet"); "localhost:50051" is
+			// neither, and gRPC dials it as dns:///localhost:50051.
+			endpoint = rest
 		}
 	}
 	h, p, err := net.SplitHostPort(endpoint)

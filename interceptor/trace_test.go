@@ -302,6 +302,9 @@ func TestServerAddress(t *testing.T) {
 		{"passthrough:10.0.0.1:7000", "10.0.0.1", 7000},
 		{"passthrough:///[::1]:50051", "::1", 50051},
 		{"passthrough:///bufnet", "bufnet", 0},
+		{"passthrough:bufnet", "bufnet", 0},
+		{"dns:example.com", "example.com", 0},
+		{"notascheme:bufnet", "notascheme", 0}, // gRPC dials dns:///notascheme:bufnet
 		{"xds:///payments", "payments", 0},
 		{"unix:///tmp/grpc.sock", "/tmp/grpc.sock", 0},
 		{"unix:relative.sock", "relative.sock", 0},
