@@ -93,9 +93,13 @@ type methodConfigJSON struct {
 // "unavailable" is refused as gRPC refuses it; OK and CANCELLED are refused
 // too, as neither is a failure to retry.
 //
-// Where herdguard differs from gRPC: maxAttempts is not capped at 5;
-// backoffMultiplier must be at least 1; maxBackoff must not be below
-// initialBackoff; a negative or zero timeout is refused; a duration must follow
+// As in gRPC, a method config without a name is skipped unread, and a
+// maxBackoff below initialBackoff caps every wait (InitialBackoff becomes
+// maxBackoff).
+//
+// Where herdguard differs from gRPC: maxAttempts is not capped at 5 (but at
+// 2³¹−1); backoffMultiplier must be at least 1; a negative or zero timeout
+// is refused; a duration must follow
 // protobuf's JSON mapping, so the forms only gRPC's own lenient reader takes
 // ("01s", "--1s") are refused; and every imported policy waits with
 // FullJitter, where gRPC multiplies each wait by a random factor in
@@ -109,6 +113,9 @@ func ParseServiceConfig(data []byte) (*ServiceConfig, error) {
 	sc := &ServiceConfig{Services: map[string]Policy{}, Methods: map[string]Policy{}}
 	seen := map[string]string{}
 	for i, mc := range raw.MethodConfig {
+		if mc.Name == nil {
+			continue // names no method: gRPC skips it without reading it
+		}
 		at := fmt.Sprintf("methodConfig[%d]", i)
 		p, err := mc.policy(at)
 		if err != nil {
@@ -183,7 +190,7 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 	switch {
 	case rp.MaxAttempts == nil:
 		return p, fmt.Errorf("policy: service config: %s.maxAttempts is missing", at)
-	case *rp.MaxAttempts < 2 || *rp.MaxAttempts != math.Trunc(*rp.MaxAttempts) || *rp.MaxAttempts > math.MaxInt32:
+	case *rp.MaxAttempts < 2 || *rp.MaxAttempts != math.Trunc(*rp.MaxAttempts):
 		return p, bad("maxAttempts", *rp.MaxAttempts, "must be a whole number of at least 2")
 	case rp.InitialBackoff == nil:
 		return p, fmt.Errorf("policy: service config: %s.initialBackoff is missing", at)
@@ -194,7 +201,7 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 	case len(rp.RetryableStatusCodes) == 0:
 		return p, fmt.Errorf("policy: service config: %s.retryableStatusCodes is missing or empty", at)
 	}
-	p.MaxAttempts = int(*rp.MaxAttempts)
+	p.MaxAttempts = maxAttempts(*rp.MaxAttempts)
 	var err error
 	if p.InitialBackoff, err = parseDuration(*rp.InitialBackoff); err != nil {
 		return p, badErr("initialBackoff", string(*rp.InitialBackoff), err)
@@ -208,9 +215,9 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 	if p.MaxBackoff == 0 {
 		return p, bad("maxBackoff", string(*rp.MaxBackoff), "must be positive, such as \"1s\"")
 	}
-	if p.MaxBackoff < p.InitialBackoff {
-		return p, bad("maxBackoff", string(*rp.MaxBackoff), "must not be below initialBackoff")
-	}
+	// Below initialBackoff, gRPC caps every wait at maxBackoff: so does
+	// an InitialBackoff of maxBackoff.
+	p.InitialBackoff = min(p.InitialBackoff, p.MaxBackoff)
 	p.Multiplier = *rp.BackoffMultiplier
 	if !(p.Multiplier >= 1) || math.IsInf(p.Multiplier, 0) {
 		return p, bad("backoffMultiplier", p.Multiplier, "must be at least 1 (gRPC allows more than 0; herdguard does not shrink waits)")
@@ -229,6 +236,13 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 	return p, nil
 }
 
+// maxAttempts is a whole number of at least 2 read from JSON as an int:
+// gRPC caps it at 5, herdguard does not, but counts more than 2³¹−1
+// attempts (which no deadline would let happen) as 2³¹−1.
+func maxAttempts(n float64) int {
+	return int(min(n, math.MaxInt32))
+}
+
 // hedging reads a method config's hedgingPolicy into p, which holds its
 // timeout. A missing or zero hedgingDelay, which gRFC A6 reads as sending
 // every attempt at once, becomes a Delay of 1ns: a zero Delay is
@@ -241,11 +255,11 @@ func (mc methodConfigJSON) hedging(p Policy, at string) (Policy, error) {
 	switch {
 	case hp.MaxAttempts == nil:
 		return p, fmt.Errorf("policy: service config: %s.maxAttempts is missing", at)
-	case *hp.MaxAttempts < 2 || *hp.MaxAttempts != math.Trunc(*hp.MaxAttempts) || *hp.MaxAttempts > math.MaxInt32:
+	case *hp.MaxAttempts < 2 || *hp.MaxAttempts != math.Trunc(*hp.MaxAttempts):
 		return p, bad("maxAttempts", *hp.MaxAttempts, "must be a whole number of at least 2")
 	}
 	p.MaxAttempts = 0
-	h := Hedging{MaxAttempts: int(*hp.MaxAttempts), Delay: time.Nanosecond}
+	h := Hedging{MaxAttempts: maxAttempts(*hp.MaxAttempts), Delay: time.Nanosecond}
 	if hp.HedgingDelay != nil {
 		d, err := parseDuration(*hp.HedgingDelay)
 		if err != nil {

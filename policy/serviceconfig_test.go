@@ -2,6 +2,8 @@ package policy_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -101,7 +103,6 @@ func TestParseServiceConfigErrors(t *testing.T) {
 		{with("initialBackoff", `"100ms"`), []string{"initialBackoff", `"100ms"`}},
 		{with("initialBackoff", `"-1s"`), []string{"initialBackoff", `"-1s"`}},
 		{with("initialBackoff", `"0s"`), []string{"initialBackoff", `"0s"`}},
-		{with("maxBackoff", `"0.05s"`), []string{"maxBackoff", `"0.05s"`, "below initialBackoff"}},
 		{with("backoffMultiplier", "0.5"), []string{"backoffMultiplier", "0.5"}},
 		{with("retryableStatusCodes", "[]"), []string{"retryableStatusCodes is missing or empty"}},
 		{with("retryableStatusCodes", `["UNAVAILABLE", "SOMETIMES"]`), []string{"retryableStatusCodes[1]", "SOMETIMES"}},
@@ -358,5 +359,81 @@ func TestParseServiceConfigZeroTimeout(t *testing.T) {
 		if want := "methodConfig[0].timeout = " + v + ": must be positive"; err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("timeout %s: err = %v, want one containing %q", v, err, want)
 		}
+	}
+}
+
+// grpcAccepts reports grpc-go's own verdict on js as a default service
+// config: the control for what ParseServiceConfig must accept.
+func grpcAccepts(t *testing.T, js string) error {
+	t.Helper()
+	cc, err := grpc.NewClient("passthrough:///x", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(js))
+	if err != nil {
+		return err
+	}
+	return cc.Close()
+}
+
+// Configs gRPC accepts are accepted, and read as gRPC reads them.
+func TestParseServiceConfigAcceptsWhatGRPCAccepts(t *testing.T) {
+	retry := func(fields string) string {
+		return `{"name": [{"service": "a.B"}], "retryPolicy": {"initialBackoff": "0.1s", "maxBackoff": "1s",
+			"backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"], ` + fields + `}}`
+	}
+	tests := []struct {
+		name  string
+		json  string
+		check func(*policy.ServiceConfig) string
+	}{
+		{"a method config without a name is skipped unread",
+			`{"methodConfig": [{"retryPolicy": {"maxAttempts": 1}}, ` + retry(`"maxAttempts": 3`) + `]}`,
+			func(sc *policy.ServiceConfig) string {
+				if p, ok := sc.PolicyFor("/a.B/C"); !ok || p.MaxAttempts != 3 || sc.Default != nil {
+					return fmt.Sprintf("a.B: %+v, %v; default %v; want 3 attempts, no default", p, ok, sc.Default)
+				}
+				return ""
+			}},
+		{"maxAttempts above 2³¹−1",
+			`{"methodConfig": [` + retry(`"maxAttempts": 3000000000`) + `]}`,
+			func(sc *policy.ServiceConfig) string {
+				if p, _ := sc.PolicyFor("/a.B/C"); p.MaxAttempts != math.MaxInt32 {
+					return fmt.Sprintf("MaxAttempts = %d, want %d", p.MaxAttempts, math.MaxInt32)
+				}
+				return ""
+			}},
+		{"maxBackoff below initialBackoff caps every wait",
+			`{"methodConfig": [{"name": [{"service": "a.B"}], "retryPolicy": {"maxAttempts": 3, "initialBackoff": "2s",
+				"maxBackoff": "1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`,
+			func(sc *policy.ServiceConfig) string {
+				p, _ := sc.PolicyFor("/a.B/C")
+				for retry := 1; retry <= 3; retry++ {
+					if w := p.RawBackoff(retry); w != time.Second {
+						return fmt.Sprintf("wait before retry %d = %v, want maxBackoff's 1s (gRPC: min(2s × 2^n, 1s))", retry, w)
+					}
+				}
+				return ""
+			}},
+		{"a tokenRatio finer than thousandths",
+			`{"methodConfig": [], "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.0004}}`,
+			func(sc *policy.ServiceConfig) string {
+				if sc.Throttling == nil || sc.Throttling.TokenRatio != 0.0004 {
+					return fmt.Sprintf("throttling %+v, want tokenRatio 0.0004", sc.Throttling)
+				}
+				return ""
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := grpcAccepts(t, tt.json); err != nil {
+				t.Fatalf("control: grpc-go refuses %s: %v", tt.json, err)
+			}
+			sc, err := policy.ParseServiceConfig([]byte(tt.json))
+			if err != nil {
+				t.Fatalf("ParseServiceConfig refuses what grpc-go accepts: %v", err)
+			}
+			if msg := tt.check(sc); msg != "" {
+				t.Error(msg)
+			}
+		})
 	}
 }
