@@ -17,11 +17,12 @@ import (
 	"github.com/herdguard/herdguard/policy"
 )
 
-// Throttle is gRPC's retry throttling: a token bucket counted in
-// thousandths of a token, as gRPC counts it.
+// Throttle is gRPC's retry throttling: a token bucket counted in float64,
+// with grpc-go's own arithmetic (gRPC's C core counts thousandths of a
+// token instead; grpc-go, which herdguard runs beside, does not round).
 type Throttle struct {
-	max, ratio, threshold int64 // milli-tokens
-	tokens                atomic.Int64
+	max, ratio, threshold float64
+	tokens                atomic.Uint64 // math.Float64bits of the tokens left
 }
 
 // NewThrottle returns a full bucket for t.
@@ -29,14 +30,8 @@ func NewThrottle(t policy.Throttling) (*Throttle, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
-	th := &Throttle{
-		// Rounded, not truncated: 4.007 × 1000 is 4006.9999999999995 in
-		// floating point, and gRPC's bucket holds 4.007 tokens.
-		max:   int64(math.Round(t.MaxTokens * 1000)),
-		ratio: int64(math.Round(t.TokenRatio * 1000)),
-	}
-	th.threshold = th.max / 2
-	th.tokens.Store(th.max)
+	th := &Throttle{max: t.MaxTokens, ratio: t.TokenRatio, threshold: t.MaxTokens / 2}
+	th.tokens.Store(math.Float64bits(th.max))
 	return th, nil
 }
 
@@ -46,8 +41,8 @@ func NewThrottle(t policy.Throttling) (*Throttle, error) {
 func (t *Throttle) Failure() (retryAllowed bool) {
 	for {
 		cur := t.tokens.Load()
-		next := max(cur-1000, 0)
-		if t.tokens.CompareAndSwap(cur, next) {
+		next := max(math.Float64frombits(cur)-1, 0)
+		if t.tokens.CompareAndSwap(cur, math.Float64bits(next)) {
 			return next > t.threshold
 		}
 	}
@@ -57,8 +52,8 @@ func (t *Throttle) Failure() (retryAllowed bool) {
 func (t *Throttle) Success() {
 	for {
 		cur := t.tokens.Load()
-		next := min(cur+t.ratio, t.max)
-		if next == cur || t.tokens.CompareAndSwap(cur, next) {
+		next := min(math.Float64frombits(cur)+t.ratio, t.max)
+		if next == math.Float64frombits(cur) || t.tokens.CompareAndSwap(cur, math.Float64bits(next)) {
 			return
 		}
 	}
@@ -66,10 +61,10 @@ func (t *Throttle) Success() {
 
 // Allowed reports whether retries and hedges are allowed now: more than
 // half the tokens are left. It takes none.
-func (t *Throttle) Allowed() bool { return t.tokens.Load() > t.threshold }
+func (t *Throttle) Allowed() bool { return t.Tokens() > t.threshold }
 
 // Tokens returns the tokens left.
-func (t *Throttle) Tokens() float64 { return float64(t.tokens.Load()) / 1000 }
+func (t *Throttle) Tokens() float64 { return math.Float64frombits(t.tokens.Load()) }
 
 // buckets is how many parts the Ratio window is counted in.
 const buckets = 10

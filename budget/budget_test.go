@@ -1,6 +1,8 @@
 package budget_test
 
 import (
+	"math"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,7 +30,7 @@ func TestThrottleFollowsGRPC(t *testing.T) {
 	for range 11 {
 		th.Success()
 	}
-	if got := th.Tokens(); got != 5.1 {
+	if got := th.Tokens(); math.Abs(got-5.1) > 1e-9 { // in float64, as grpc-go adds them
 		t.Fatalf("tokens %v after 11 successes at 0.1, want 5.1", got)
 	}
 	if th.Failure() {
@@ -48,23 +50,48 @@ func TestThrottleFollowsGRPC(t *testing.T) {
 	}
 }
 
-// gRPC keeps thousandths of a token: a maxTokens of 4.007 is 4007 of them
-// (in floating point 4.007 × 1000 is 4006.99...), and after two failures,
-// a success at 0.997 and a failure, 2.004 tokens are left: more than half
-// of 4.007, so the retry is allowed.
-func TestThrottleThousandthsRound(t *testing.T) {
-	th, err := budget.NewThrottle(policy.Throttling{MaxTokens: 4.007, TokenRatio: 0.997})
-	if err != nil {
-		t.Fatal(err)
+// grpc-go counts tokens in float64 without rounding (its retryThrottler):
+// the throttle takes the same decisions and keeps the same count, bit for
+// bit, for ratios finer than thousandths and maxTokens that thousandths
+// cannot hold exactly.
+func TestThrottleCountsAsGRPCGo(t *testing.T) {
+	for _, cfg := range []policy.Throttling{
+		{MaxTokens: 4.007, TokenRatio: 0.997},
+		{MaxTokens: 2, TokenRatio: 0.0004},
+		{MaxTokens: 10, TokenRatio: 0.0015},
+		{MaxTokens: 1000, TokenRatio: 0.1},
+	} {
+		th, err := budget.NewThrottle(cfg)
+		if err != nil {
+			t.Fatalf("%+v: %v", cfg, err)
+		}
+		// grpc-go's arithmetic, as its retryThrottler does it.
+		tokens, thresh := cfg.MaxTokens, cfg.MaxTokens/2
+		rnd := rand.New(rand.NewPCG(1, 2))
+		for step := range 5000 {
+			if rnd.IntN(3) == 0 {
+				tokens = max(tokens-1, 0)
+				want := tokens > thresh
+				if got := th.Failure(); got != want {
+					t.Fatalf("%+v, step %d: Failure() = %v with %v tokens; grpc-go: %v with %v", cfg, step, got, th.Tokens(), want, tokens)
+				}
+			} else {
+				tokens = min(tokens+cfg.TokenRatio, cfg.MaxTokens)
+				th.Success()
+			}
+			if got := th.Tokens(); got != tokens {
+				t.Fatalf("%+v, step %d: %v tokens, grpc-go has %v", cfg, step, got, tokens)
+			}
+		}
 	}
-	th.Failure()
-	th.Failure()
+	// A ratio thousandths would round to 0 still refills the bucket.
+	th, _ := budget.NewThrottle(policy.Throttling{MaxTokens: 2, TokenRatio: 0.0004})
+	if th.Failure() {
+		t.Fatal("a retry allowed at 1 of 2 tokens")
+	}
 	th.Success()
-	if !th.Failure() {
-		t.Errorf("retry refused with %v tokens left; gRPC leaves 2.004 of 4.007 and allows it", th.Tokens())
-	}
-	if got := th.Tokens(); got != 2.004 {
-		t.Errorf("tokens %v, want 2.004", got)
+	if !th.Allowed() {
+		t.Errorf("retries refused at %v of 2 tokens; grpc-go allows them above 1", th.Tokens())
 	}
 }
 
@@ -90,7 +117,8 @@ func TestThrottleValidate(t *testing.T) {
 		{policy.Throttling{MaxTokens: 0, TokenRatio: 1}, "MaxTokens = 0"},
 		{policy.Throttling{MaxTokens: 1001, TokenRatio: 1}, "MaxTokens = 1001"},
 		{policy.Throttling{MaxTokens: 10, TokenRatio: 0}, "TokenRatio = 0"},
-		{policy.Throttling{MaxTokens: 10, TokenRatio: 0.0001}, "TokenRatio = 0.0001"},
+		{policy.Throttling{MaxTokens: 10, TokenRatio: -0.5}, "TokenRatio = -0.5"},
+		{policy.Throttling{MaxTokens: 10, TokenRatio: math.Inf(1)}, "TokenRatio = +Inf"},
 	} {
 		if _, err := budget.NewThrottle(tt.t); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("NewThrottle(%+v) = %v, want an error with %q", tt.t, err, tt.want)

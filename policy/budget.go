@@ -12,7 +12,7 @@ import (
 // retries are allowed only while more than MaxTokens/2 tokens are left.
 type Throttling struct {
 	MaxTokens  float64 // in (0, 1000], as gRPC requires
-	TokenRatio float64 // above 0; gRPC keeps three decimals, and so do we
+	TokenRatio float64 // above 0, used as it is, as grpc-go uses it
 }
 
 // Validate reports an unusable field, naming it and its value.
@@ -20,8 +20,8 @@ func (t Throttling) Validate() error {
 	switch {
 	case !(t.MaxTokens > 0 && t.MaxTokens <= 1000):
 		return fmt.Errorf("policy: Throttling.MaxTokens = %v: must be in (0, 1000]", t.MaxTokens)
-	case !(t.TokenRatio > 0) || math.IsInf(t.TokenRatio, 0) || math.Round(t.TokenRatio*1000) < 1:
-		return fmt.Errorf("policy: Throttling.TokenRatio = %v: must be at least 0.001 and finite", t.TokenRatio)
+	case !(t.TokenRatio > 0) || math.IsInf(t.TokenRatio, 0):
+		return fmt.Errorf("policy: Throttling.TokenRatio = %v: must be above 0 and finite", t.TokenRatio)
 	}
 	return nil
 }
