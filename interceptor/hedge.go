@@ -70,7 +70,7 @@ type hedgeCall struct {
 	outstanding int
 	timer       timer
 	noMore      bool          // no further hedge may go
-	refused     string        // what refused a hedge: "breaker", "throttling", "hedge_budget" or "ratio"
+	refused     string        // what refused a hedge: "breaker", "overload", "throttling", "hedge_budget" or "ratio"
 	stopped     bool          // a pushback said not to hedge again
 	decided     bool          //
 	winner      *hedgeAttempt // the attempt that decided the call; nil if all failed

@@ -23,7 +23,7 @@ const (
 
 // Hedging says how a call is hedged (gRFC A6's hedgingPolicy): the first
 // attempt goes at once, and while no attempt has answered, another copy
-// goes after each hedging delay, up to MaxAttempts in flight; the first
+// goes after each hedging delay, up to MaxAttempts in all; the first
 // answer wins and the others are cancelled. A call is retried or hedged,
 // never both. The zero value is off: no hedging.
 type Hedging struct {
