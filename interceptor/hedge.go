@@ -78,6 +78,10 @@ type hedgeCall struct {
 	last        error         // the last non-fatal failure
 	lastBy      *hedgeAttempt // the attempt that failed with last
 	numbers     retryNumbers
+	// notBefore is when a pushback lets the next hedge go; zero once a
+	// hedge went after it. A callback of a timer that fired just before
+	// the pushback set it again sends nothing sooner.
+	notBefore time.Time
 }
 
 // hedgeAttempt is one attempt of a hedged call.
@@ -290,6 +294,7 @@ func (h *hedgeCall) judgeLocked(a *hedgeAttempt, err error) {
 			h.decideLocked(nil, &RetryError{Attempts: len(h.attempts), Outcome: OutcomeDeadline, Err: err}, OutcomeDeadline)
 			return
 		}
+		h.notBefore = c.ic.clock.Now().Add(wait)
 		h.armLocked(wait) // the next hedge after the pushback, if any
 	} else {
 		h.hedgeLocked() // the next hedge at once
@@ -350,6 +355,7 @@ func (h *hedgeCall) hedgeLocked() {
 		return
 	}
 	a := h.newAttemptLocked(len(h.attempts) + 1)
+	h.notBefore = time.Time{} // the pushback's wait, if any, is over
 	h.outstanding++
 	h.wg.Add(1)
 	go func() {
@@ -397,6 +403,10 @@ func (h *hedgeCall) onTimer() {
 	defer h.wg.Done()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if !h.notBefore.IsZero() && h.c.ic.clock.Now().Before(h.notBefore) {
+		h.endIfExhaustedLocked()
+		return // it fired before a pushback set it again, and runs again then
+	}
 	h.hedgeLocked()
 	h.endIfExhaustedLocked() // a pushback delayed this hedge after every attempt had failed, and it may not go
 }

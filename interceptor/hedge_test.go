@@ -870,3 +870,84 @@ func TestHedgingPolicyNotHedgedMakesOneAttempt(t *testing.T) {
 		t.Errorf("got %v after %d attempts; want Unavailable after 1", err, attempts.Load())
 	}
 }
+
+// Every attempt of a hedged unary call fails non-fatally: the caller's
+// grpc.Trailer is the last attempt's, whose status the call ends with.
+func TestHedgeExhaustedFillsTheLastAttempts(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	for n := 1; n <= 2; n++ {
+		srv.on(n, func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
+			_ = grpc.SetTrailer(ctx, metadata.Pairs("who", fmt.Sprint(n)))
+			return nil, status.Error(codes.Unavailable, fmt.Sprint("down ", n))
+		})
+	}
+	ic, err := New(withClock(clk), WithPolicy(hedging(2, codes.Unavailable)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	var trailer metadata.MD
+	_, err = c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{}, grpc.Trailer(&trailer))
+	if status.Convert(err).Message() != "down 2" {
+		t.Fatalf("call: %v, want down 2", err)
+	}
+	if got := trailer.Get("who"); !slices.Equal(got, []string{"2"}) {
+		t.Errorf("caller's trailer who=%q, want attempt 2's", got)
+	}
+}
+
+// expire moves the manual clock on by d and returns the callbacks of the
+// timers that became due, without running them: as a real timer whose
+// callback goroutine has not yet got the call's lock.
+func (c *manualClock) expire(d time.Duration) []func() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	var due []func()
+	for _, t := range c.timers {
+		if t.active && !t.due.After(c.now) {
+			t.active = false
+			due = append(due, t.f)
+		}
+	}
+	return due
+}
+
+// The hedging delay passes at the moment attempt 1 fails non-fatally with
+// a pushback of 1 s: the timer fired, and its callback waits for the call's
+// lock while the pushback sets the timer again. The late callback sends
+// nothing: the next hedge waits for the pushback's 1 s, then the one after
+// for the hedging delay.
+func TestHedgePushbackOutlastsATimerThatFired(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	fail1 := make(chan struct{})
+	srv.on(1, func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
+		<-fail1
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackTrailerKey, "1000"))
+		return nil, status.Error(codes.Unavailable, "down 1")
+	})
+	done, _ := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable))
+	srv.waitArrival(t, 1)
+	due := clk.expire(hedgeDelay) // the delay passed; the callback has not run
+	close(fail1)                  // attempt 1 fails: pushback 1 s
+	clk.waitArmed(t, time.Second)
+	for _, f := range due {
+		f() // the late callback: the pushback came first, hedge 2 waits for it
+	}
+	srv.noArrival(t)
+	clk.Advance(time.Second)
+	srv.waitArrival(t, 2)
+	clk.Advance(hedgeDelay) // then the hedging delay again
+	srv.waitArrival(t, 3)
+	_ = done // the test's context ends the call at cleanup
+}
+
+// waitArmedN waits until timers have been set n times, and returns the
+// delays they were set to, in order.
+func (c *manualClock) waitArmedN(t *testing.T, n int) []time.Duration {
+	t.Helper()
+	return eventually(t, fmt.Sprintf("%d timer settings", n), func() ([]time.Duration, bool) {
+		a := c.Armed()
+		return a, len(a) >= n
+	})
+}

@@ -24,7 +24,9 @@ import (
 // judged as a hedged unary call's attempt is: a non-fatal failure sends the
 // next hedge at once, a fatal one ends the stream. Once the replay buffer
 // overflows (or the caller calls Context), the stream commits to its oldest
-// attempt in flight, which has every message, and no hedge starts.
+// attempt in flight, which has every message, and no hedge starts; with
+// none in flight it waits for a hedge being opened, and with none opening
+// either it ends with the last failure.
 type streamHedge struct {
 	hedgeRules
 	decided chan struct{} // closed once the stream commits or ends
@@ -45,6 +47,10 @@ type streamHedge struct {
 	refused string // the budget that refused a hedge
 	last    error  // the last non-fatal failure
 	winner  int    // the number of the attempt the stream committed to
+	// notBefore is when a pushback lets the next hedge go; zero once a
+	// hedge went after it. No timer set for the hedging delay, and no
+	// callback of a timer that fired before the pushback, sends it sooner.
+	notBefore time.Time
 }
 
 // newHedge makes a hedged stream's state.
@@ -109,6 +115,7 @@ func (s *retryStream) hedgeNextLocked() (over bool, err error, next *streamAttem
 // it is opening until openHedge makes it live.
 func (s *retryStream) readyHedgeLocked() *streamAttempt {
 	s.attempts++
+	s.hedge.notBefore = time.Time{} // the pushback's wait is over
 	a := &streamAttempt{n: s.attempts, live: true}
 	if s.hedge.window != nil {
 		a.started = s.ic.clock.Now()
@@ -307,6 +314,7 @@ func (s *retryStream) hedgeFailedLocked(a *streamAttempt, err error) (over bool,
 		return true, err, false
 	}
 	h.last = err
+	s.a = a // the stream's status, should it end now: the last failure's
 	if present && ok {
 		if h.noMore || s.attempts >= h.max {
 			// No hedge may follow: the pushback has nothing to delay, and
@@ -318,6 +326,7 @@ func (s *retryStream) hedgeFailedLocked(a *streamAttempt, err error) (over bool,
 			s.outcome = OutcomeDeadline
 			return true, &RetryError{Attempts: s.attempts, Outcome: OutcomeDeadline, Err: err}, false
 		}
+		h.notBefore = s.ic.clock.Now().Add(wait)
 		s.hedgeArmLocked(wait)
 		return false, nil, false
 	}
@@ -380,11 +389,15 @@ func (s *retryStream) hedgeEndLocked(keep *streamAttempt) {
 	}
 }
 
-// hedgeArmLocked sets the timer to start the next hedge after d.
+// hedgeArmLocked sets the timer to start the next hedge after d, or when
+// a pushback lets it go if that is later.
 func (s *retryStream) hedgeArmLocked(d time.Duration) {
 	h := s.hedge
 	if h.noMore || s.attempts >= h.max {
 		return
+	}
+	if !h.notBefore.IsZero() {
+		d = max(d, h.notBefore.Sub(s.ic.clock.Now()))
 	}
 	if h.timer == nil {
 		h.timer = s.ic.clock.AfterFunc(d, s.hedgeTimer)
@@ -399,9 +412,15 @@ func (s *retryStream) hedgeStopTimerLocked() {
 	}
 }
 
-// hedgeTimer is the timer's callback: the hedging delay passed.
+// hedgeTimer is the timer's callback: the hedging delay passed. A callback
+// of a timer that fired just before a pushback set it again does nothing:
+// the timer runs again when the pushback lets the hedge go.
 func (s *retryStream) hedgeTimer() {
 	s.mu.Lock()
+	if h := s.hedge; !h.notBefore.IsZero() && s.ic.clock.Now().Before(h.notBefore) {
+		s.mu.Unlock()
+		return
+	}
 	s.hedgeGoUnlock(false, nil, true)
 }
 
@@ -410,17 +429,36 @@ func (s *retryStream) hedgeTimer() {
 // its oldest attempt in flight first, and m goes there alone.
 func (s *retryStream) hedgeSendLocked(m any) error {
 	h := s.hedge
+	// With no attempt in flight but a hedge opening, m waits for it, as
+	// gRPC's SendMsg waits for a retry's new attempt: should m overflow the
+	// buffer, the stream commits to an attempt in flight, and the hedge
+	// needs the whole buffer to catch up first.
+	for len(h.live) == 0 && len(h.opening) > 0 && !s.committed && !s.finished {
+		h.changed.Wait()
+	}
+	if s.committed || s.finished { // it answered, or the stream ended, meanwhile
+		a := s.a
+		s.mu.Unlock()
+		return s.sendCommitted(a, m)
+	}
 	s.bufferLocked(m)
 	if s.committed { // the buffer overflowed
-		// The attempts in flight have every message; one still opening
-		// would never get m.
+		// The attempts in flight have every message.
 		if len(h.live) > 0 {
 			s.hedgeCommitLocked(h.live[0], false, true)
+		} else if over, err := s.hedgeExhaustedLocked(); over {
+			// Every attempt has failed and none is opening (the next
+			// waits for a pushback): the stream ends with the last
+			// failure, as it would once no hedge may follow.
+			s.committed = false // to no attempt: RecvMsg reports err
+			s.finishUnlock(err, true)
+			return io.EOF
 		} else {
-			s.hedgeEndLocked(nil) // all have failed: the last one's end is the stream's
+			s.hedgeEndLocked(nil) // cannot be: nothing is in flight or opening
 		}
+		a := s.a
 		s.mu.Unlock()
-		return s.sendCommitted(s.a, m)
+		return s.sendCommitted(a, m)
 	}
 	s.sent++
 	h.sendTo = append(h.sendTo[:0], h.live...)

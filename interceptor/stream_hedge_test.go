@@ -656,3 +656,167 @@ func TestHedgedStreamCallerCatchersGetTheWinners(t *testing.T) {
 		t.Errorf("the first attempt ended with %v, want cancelled", err)
 	}
 }
+
+// Every attempt of a hedged stream fails non-fatally: the stream ends with
+// the last failure, and the caller's grpc.Trailer and the stream's Trailer
+// are that attempt's, as a hedged unary call's are.
+func TestHedgedStreamExhaustedFillsTheLastAttempts(t *testing.T) {
+	sc := newStreamScript()
+	for n := 1; n <= 2; n++ {
+		sc.on(n, func(ss grpc.ServerStream) error {
+			ss.SetTrailer(metadata.Pairs("who", fmt.Sprint(n)))
+			return status.Error(codes.Unavailable, fmt.Sprint("down ", n))
+		})
+	}
+	srv, clk := startStreamScript(t, sc), newManualClock()
+	c := hedgedStreamClient(t, srv, clk, hedging(2, codes.Unavailable))
+	var trailer metadata.MD
+	s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{}, grpc.Trailer(&trailer))
+	if err == nil {
+		_, err = s.Recv()
+	}
+	var re *RetryError
+	if !errors.As(err, &re) || status.Convert(err).Message() != "down 2" {
+		t.Fatalf("Recv: %v; want an exhausted RetryError with the second attempt's status", err)
+	}
+	if got := trailer.Get("who"); !slices.Equal(got, []string{"2"}) {
+		t.Errorf("caller's trailer who=%q, want attempt 2's (the one whose status the stream ended with)", got)
+	}
+	if got := s.Trailer().Get("who"); !slices.Equal(got, []string{"2"}) {
+		t.Errorf("stream's Trailer() who=%q, want attempt 2's", got)
+	}
+}
+
+// The first attempt of a hedged bidi stream fails non-fatally, so the
+// hedge goes at once; while it is still opening (a later interceptor holds
+// it, as a connection with no free stream would), the caller sends a
+// message that overflows the replay buffer. Send waits for the hedge, as
+// gRPC's SendMsg waits for a retry's new attempt, and the stream goes on
+// with it: it was in flight. (The hedge is let go from another goroutine,
+// as Send waits; in either order the stream must go on with it.)
+func TestHedgedStreamOverflowWaitsForTheOpeningHedge(t *testing.T) {
+	sc := newStreamScript()
+	sc.on(1, func(grpc.ServerStream) error { return status.Error(codes.Unavailable, "down 1") })
+	sc.on(2, func(ss grpc.ServerStream) error {
+		if err := sc.readAll(ss, 2, func() interface{ GetPayload() *testgrpc.Payload } { return new(testgrpc.StreamingOutputCallRequest) }); err != nil {
+			return err
+		}
+		return ss.SendMsg(&testgrpc.StreamingOutputCallResponse{Payload: payload("from 2")})
+	})
+	srv, clk := startStreamScript(t, sc), newManualClock()
+	gate, entered, release := gateAttempt(2)
+	ic, err := New(withClock(clk), WithPolicy(hedging(3, codes.Unavailable)), WithStreamBuffer(16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, append(ic.DialOptions(), grpc.WithChainStreamInterceptor(gate))...)
+	s, err := c.FullDuplexCall(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.wait(t, 1)
+	<-entered // attempt 1 failed; the hedge is opening
+	go func() {
+		time.Sleep(50 * time.Millisecond) // most likely while Send waits
+		close(release)
+	}()
+	if err := s.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload("far too large to keep")}); err != nil {
+		t.Fatalf("Send: %v; want it sent to the hedge", err)
+	}
+	_ = s.CloseSend()
+	words, err := recvAll(s.Recv)
+	if err != nil || !slices.Equal(words, []string{"from 2"}) {
+		t.Errorf("received %q, %v; want the hedge's answer (it was in flight when the buffer overflowed)", words, err)
+	}
+}
+
+// Attempts 1 and 2 of a hedged stream fail non-fatally, the second with a
+// pushback, so the third waits; the caller then overflows the buffer. The
+// stream ends exhausted with the last failure (attempt 2's), as it does
+// when Context commits it then.
+func TestHedgedStreamOverflowAfterAllFailedEndsWithTheLast(t *testing.T) {
+	sc := newStreamScript()
+	sc.on(1, func(grpc.ServerStream) error { return status.Error(codes.Unavailable, "down 1") })
+	sc.on(2, func(ss grpc.ServerStream) error {
+		ss.SetTrailer(metadata.Pairs(PushbackTrailerKey, "1000"))
+		return status.Error(codes.Unavailable, "down 2")
+	})
+	srv, clk := startStreamScript(t, sc), newManualClock()
+	c := hedgedStreamClient(t, srv, clk, hedging(3, codes.Unavailable), WithStreamBuffer(16))
+	s, err := c.FullDuplexCall(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.wait(t, 1)
+	sc.wait(t, 2)
+	clk.waitArmed(t, time.Second) // the pushback's wait
+	if err := s.Send(&testgrpc.StreamingOutputCallRequest{Payload: payload("far too large to keep")}); err != io.EOF {
+		t.Errorf("Send: %v; want io.EOF, the stream is over", err)
+	}
+	_, err = s.Recv()
+	var re *RetryError
+	if !errors.As(err, &re) || re.Outcome != OutcomeExhausted || status.Convert(err).Message() != "down 2" {
+		t.Errorf("Recv: %v; want an exhausted RetryError with the last failure, attempt 2's down 2", err)
+	}
+	sc.none(t)
+}
+
+// gateAttempt returns a stream interceptor, to chain after herdguard's,
+// that holds attempt n in opening until release is closed; entered is
+// closed when it gets there.
+func gateAttempt(n int) (grpc.StreamClientInterceptor, chan struct{}, chan struct{}) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	want := fmt.Sprint(n)
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if md, _ := metadata.FromOutgoingContext(ctx); slices.Contains(md.Get(AttemptMetadataKey), want) {
+			close(entered)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+		}
+		return streamer(ctx, desc, cc, method, opts...)
+	}, entered, release
+}
+
+// Hedge 2 is still opening when attempt 1 fails non-fatally with a
+// pushback of 1 s, so hedge 3 must wait 1 s: hedge 2 going live after it
+// sets the timer again, but not sooner than the pushback allows.
+func TestHedgedStreamPushbackOutlastsAnOpeningHedge(t *testing.T) {
+	sc := newStreamScript()
+	fail1 := make(chan struct{})
+	sc.on(1, func(ss grpc.ServerStream) error {
+		<-fail1
+		ss.SetTrailer(metadata.Pairs(PushbackTrailerKey, "1000"))
+		return status.Error(codes.Unavailable, "down 1")
+	})
+	srv, clk := startStreamScript(t, sc), newManualClock()
+	gate, entered, release := gateAttempt(2)
+	ic, err := New(withClock(clk), WithPolicy(hedging(3, codes.Unavailable)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, append(ic.DialOptions(), grpc.WithChainStreamInterceptor(gate))...)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	if _, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	sc.wait(t, 1)
+	clk.Advance(hedgeDelay) // hedge 2 starts opening
+	<-entered
+	close(fail1)                  // attempt 1 fails: pushback 1 s
+	clk.waitArmed(t, time.Second) // the pushback's wait for hedge 3
+	close(release)                // hedge 2 opens
+	sc.wait(t, 2)
+	// Set for the delay, for the pushback, then again as hedge 2 went live:
+	// to the pushback's end, not to the hedging delay.
+	if armed := clk.waitArmedN(t, 3); armed[2] != time.Second {
+		t.Errorf("timer set to %v as hedge 2 went live; want %v, the pushback's wait (all: %v)", armed[2], time.Second, armed)
+	}
+	clk.Advance(hedgeDelay)
+	sc.none(t) // hedge 3 waits for the pushback: 1 s, not 20 ms
+	clk.Advance(time.Second)
+	sc.wait(t, 3)
+}
