@@ -898,3 +898,35 @@ func deadlineIn(clk *fakeClock, d time.Duration) (context.Context, context.Cance
 	stop := time.AfterFunc(10*time.Second, cancel)
 	return ctx, func() { stop.Stop(); cancel() }
 }
+
+// An interval whose answers outnumber its rate (tokens the bucket kept
+// from the interval before, answers of attempts sent in it) raises what
+// the server is known to take no higher than the rate: a rate held just
+// under a capacity would otherwise creep past it, one answer an interval.
+func TestLearningStopsAtTheRate(t *testing.T) {
+	c, clk := calmThenFail(t, 60)
+	clk.Advance(DefaultInterval)
+	answerProbe(t, c) // restart at 60
+	// 60 arrive and wait: after the hold the rate grows to 75.
+	for range 12 {
+		setCounts(c, 60, 0)
+		markWaited(c)
+		c.Done(Answered)
+		clk.Advance(DefaultInterval)
+	}
+	if got := rateOf(c); got != 75 {
+		t.Fatalf("rate = %v, want grown to 75", got)
+	}
+	for i := range 10 {
+		setCounts(c, 60, 77) // 77 let through at 75
+		markWaited(c)
+		report(c, Answered, 77)
+		clk.Advance(DefaultInterval)
+		c.mu.Lock()
+		known, rate := c.known, c.rate
+		c.mu.Unlock()
+		if known > 75 || rate > 75 {
+			t.Fatalf("interval %d: known %v, rate %v: want neither past the rate of 75", i, known, rate)
+		}
+	}
+}
