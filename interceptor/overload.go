@@ -114,6 +114,21 @@ func attemptDoneAfter(ctl *overload.Controller, err error, clk clock, sent time.
 	}
 }
 
+// attemptDoneIn is attemptDoneAfter for an attempt of the call whose
+// context is ctx, that asked the controller at asked and was sent at sent
+// (both zero: sent while calm). One that ended because the call's deadline
+// passed while it was in flight (not its own PerAttemptTimeout) tells the
+// controller how long it waited in the line and how much time it had left
+// when it went out ([overload.Controller.TimedOut]).
+func attemptDoneIn(ctx context.Context, ctl *overload.Controller, end attemptEnd, clk clock, asked, sent time.Time) {
+	dl, ok := ctx.Deadline()
+	if ok && !sent.IsZero() && !end.timedOut && status.Code(end.err) == codes.DeadlineExceeded && ctx.Err() == context.DeadlineExceeded {
+		ctl.TimedOut(sent.Sub(asked), dl.Sub(sent))
+		return
+	}
+	attemptDoneAfter(ctl, end.err, clk, sent)
+}
+
 // attemptDone tells the controller (nil: none) how an attempt ended.
 func attemptDone(ctl *overload.Controller, err error) {
 	switch {

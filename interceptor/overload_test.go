@@ -517,3 +517,66 @@ func TestOverloadNeverSentSaysNothing(t *testing.T) {
 		t.Errorf("the controller paces a healthy target after calls that were never sent: %+v", st)
 	}
 }
+
+// An attempt that the controller's line held until its caller had less
+// time left than it had waited, and whose call's deadline then passed in
+// flight, is no overload signal: the line spent the call's time, not the
+// server (served oldest first, it sends callers at the edge of their
+// deadlines). One that timed out with its time ahead of it is, and so is
+// one that ran out of its own PerAttemptTimeout: the restarted rate
+// collapses to a probe.
+func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+	defer cancel()
+	timedOut := status.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
+	for _, tc := range []struct {
+		name       string
+		held, left time.Duration
+		perAttempt bool
+		collapse   bool
+	}{
+		{"with its time ahead", 10 * time.Millisecond, time.Second, false, true},
+		{"held as long as it had left", 300 * time.Millisecond, 300 * time.Millisecond, false, true},
+		{"held past its time", 1900 * time.Millisecond, 100 * time.Millisecond, false, false},
+		{"its own per-attempt timeout", 1900 * time.Millisecond, 100 * time.Millisecond, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newFakeClock()
+			ctl, err := overload.New(overload.Settings{Now: clk.Now, AfterFunc: func(d time.Duration, f func()) func() bool {
+				return clk.AfterFunc(d, f).Stop
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range overload.DefaultMinFailures {
+				ctl.Done(overload.Overloaded)
+			}
+			clk.advance(overload.DefaultInterval) // collapsed
+			if _, err := ctl.Acquire(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			ctl.Done(overload.Answered) // the probe's answer: a slow start
+			before := ctl.State()
+			// The call's deadline passed: sent left before it, after
+			// waiting held in the line.
+			sent := clk.Now()
+			attemptDoneIn(fakeDeadline{expired, sent.Add(tc.left)}, ctl,
+				attemptEnd{err: timedOut, timedOut: tc.perAttempt}, clk, sent.Add(-tc.held), sent)
+			clk.advance(overload.DefaultInterval)
+			st := ctl.State()
+			probe := float64(time.Second / overload.DefaultInterval) // one attempt per interval
+			if !st.Pacing || (st.Rate == probe) != tc.collapse {
+				t.Errorf("after the time-out: %+v (before %+v); want a collapse to %v a second: %v", st, before, probe, tc.collapse)
+			}
+		})
+	}
+}
+
+// fakeDeadline is a context that has ended at its deadline, with the
+// deadline of the fake clock.
+type fakeDeadline struct {
+	context.Context // ended by its deadline
+	at              time.Time
+}
+
+func (c fakeDeadline) Deadline() (time.Time, bool) { return c.at, true }

@@ -241,9 +241,11 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 				return err
 			}
 		}
-		// While pacing, the controller learns how long answers take.
-		var sent time.Time
+		// While pacing, the controller learns how long answers take, and
+		// how long an attempt that timed out waited in its line.
+		var asked, sent time.Time
 		if c.ctl != nil && c.ctl.Pacing() { // admit's own test, without the call while calm
+			asked = c.ic.clock.Now()
 			if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, attempt, back); err != nil {
 				return c.notSent(ctx, attempt, last, err)
 			}
@@ -263,7 +265,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		if c.ctl != nil && live {
 			// An attempt whose context was over before it went out was
 			// never sent: it says nothing of the server's load.
-			attemptDoneAfter(c.ctl, end.err, c.ic.clock, sent)
+			attemptDoneIn(ctx, c.ctl, end, c.ic.clock, asked, sent)
 		}
 		last = end.err
 		if end.err == nil {

@@ -3,7 +3,8 @@
 //
 // A [Controller] knows counts and time, nothing of gRPC: the caller asks
 // [Controller.Acquire] before every attempt (first attempts included) and
-// reports each attempt's [Outcome] with [Controller.Done].
+// reports each attempt's [Outcome] with [Controller.Done] (or
+// [Controller.TimedOut], for one whose caller's deadline passed in flight).
 //
 // While the server answers, Acquire returns at once: it takes no lock and
 // allocates nothing. When, within one Interval, at least MinFailures
@@ -283,6 +284,21 @@ func (c *Controller) AnsweredSentCalm() {
 	} else {
 		c.answeredPacing(0, true)
 	}
+}
+
+// TimedOut reports an attempt that Acquire let through and whose caller's
+// deadline passed while it was in flight: it waited held in the line, and
+// went out with left before the deadline. It is an overload signal, as
+// Done(Overloaded) is, unless it waited longer than it then had left: the
+// line, not the server, spent most of the caller's time. Served oldest
+// first, the line sends callers at the edge of their deadlines, and a
+// server that misses an edge that near is not therefore slow; taken as
+// overload, a few such misses would stop a line that drains.
+func (c *Controller) TimedOut(held, left time.Duration) {
+	if held > left {
+		return
+	}
+	c.Done(Overloaded)
 }
 
 // Done reports how an attempt that Acquire let through ended.

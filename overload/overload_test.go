@@ -930,3 +930,28 @@ func TestLearningStopsAtTheRate(t *testing.T) {
 		}
 	}
 }
+
+// An attempt that ran out of its caller's time in flight is an overload
+// signal, unless it had waited in the line longer than it then had left.
+func TestTimedOutAtTheEdgeSaysNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		held, left time.Duration
+		pacing     bool
+	}{
+		{"sent at once", 0, time.Second, true},
+		{"waited less than it had left", 300 * time.Millisecond, 500 * time.Millisecond, true},
+		{"waited as long as it had left", 500 * time.Millisecond, 500 * time.Millisecond, true},
+		{"waited longer than it had left", 1900 * time.Millisecond, 100 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, _ := newController(t, Settings{})
+			for range DefaultMinFailures {
+				c.TimedOut(tc.held, tc.left)
+			}
+			if got := c.State().Pacing; got != tc.pacing {
+				t.Errorf("pacing after %d time-outs = %v, want %v", DefaultMinFailures, got, tc.pacing)
+			}
+		})
+	}
+}
