@@ -42,31 +42,49 @@
 //   - Calm intervals in a row (no refusal, nobody waiting, attempts below
 //     half the rate) end the pacing.
 //
-// Waiting attempts form a line served newest first: under overload the
-// newest caller is the one most likely to still want the answer, and an old
-// waiter starved behind new ones costs the server nothing. Once the rate is
-// at what the server is known to take, and at least what it sustained
-// before this episode, a waiter whose deadline cannot be met (its wait in
-// the line, then the least time the server took to answer in the last
-// interval) is shed at once with [ErrShed] rather than sent late. At any
-// rate an attempt is shed rather than sent with less time left than every
-// answer of the last interval took ([Controller.AnsweredAfter]): a server
-// that queues answers late, and an attempt sent too late only takes the
-// place of one that could still be answered.
+// Waiting attempts form a line. While the server is overloaded (it
+// collapsed, refuses attempts, or takes less than it sustained before this
+// episode), the line is served newest first: not every caller can be
+// served, the newest is the one most likely to still want the answer, and
+// an old waiter starved behind new ones costs the server nothing. Once the
+// rate is at what the server is known to take, and at least what it
+// sustained before this episode, and the server refused nothing in this
+// interval, a waiter whose deadline cannot be met (its wait in the line,
+// then the least time the server took to answer in the last interval) is
+// shed at once with [ErrShed] rather than sent late. At any rate an attempt
+// is shed rather than sent with less time left than every answer of the
+// last interval took ([Controller.AnsweredAfter]): a server that queues
+// answers late, and an attempt sent too late only takes the place of one
+// that could still be answered.
+//
+// The line is served oldest first instead while it drains: the server
+// answers, refused nothing in this interval, and takes again what it
+// sustained before this episode. The attempts that come are then served as
+// they were before the overload, and the tokens above them (the rate grows
+// to a quarter above them while attempts wait) can go to the callers who
+// waited. Newest first would spend those tokens on the newest waiters, who
+// could wait, while the oldest, whom the spare tokens could still serve in
+// time, ran out of time in the line one after another; the line would
+// empty of its old waiters in a deadline's time, and the tokens above the
+// arrivals would go unused from then on. Oldest first, with every caller
+// that cannot be answered in time shed, is earliest deadline first, which
+// gets the most callers through a backlog that can be served in time. The
+// price is latency: while the line drains, callers wait in it up to their
+// deadlines. A refusal turns the line back to newest first at once, so that
+// the retries of attempts a collapsing server refused, which wait at the old
+// end, are not sent first into the collapse.
 //
 // While every answer of the last interval with answers took an Interval or
 // more, the server keeps a queue of its own, and the line is served oldest
-// first instead: the callers it can still answer in time are those with
-// more time left than its answers take, and newest first would send the
-// newest, who could wait, while the oldest run out of time one after
-// another. With every caller that cannot be answered in time shed, oldest
-// first is earliest deadline first, which gets the most callers through a
-// backlog that can be served in time. An answer to an attempt sent before
-// the pacing began ([Controller.AnsweredSentCalm]) took at least as long as
-// the pacing has lasted, so the queue shows as soon as those answers come
-// in, a whole queue's wait before a paced attempt is answered. In the storm
-// lab's gentle cut: 99.8-99.9 % of calls ok in 9 runs, against 96.7-97.2 %
-// when only paced attempts' answers told the time, and 94.4-96.8 % newest
+// first too: the callers it can still answer in time are those with more
+// time left than its answers take, and newest first would send the newest,
+// who could wait, while the oldest run out of time one after another. An
+// answer to an attempt sent before the pacing began
+// ([Controller.AnsweredSentCalm]) took at least as long as the pacing has
+// lasted, so the queue shows as soon as those answers come in, a whole
+// queue's wait before a paced attempt is answered. In the storm lab's
+// gentle cut: 99.8-99.9 % of calls ok in 9 runs, against 96.7-97.2 % when
+// only paced attempts' answers told the time, and 94.4-96.8 % newest
 // first.
 package overload
 
@@ -711,18 +729,20 @@ func (c *Controller) tick() {
 
 // shedLocked refuses the waiters that would not be answered before their
 // deadlines: each waits for its turn, then the least time an answer took
-// in the last interval with answers. While the server is collapsed, or the
-// rate is still below what the server is known to take or sustained
-// before this episode (it may grow there at any moment), the wait cannot
-// be told, and waiters stay until their own deadlines.
+// in the last interval with answers. While the server is collapsed, or
+// refused attempts in this interval (the rate is about to come down, or the
+// server to collapse), or the rate is still below what the server is known
+// to take or sustained before this episode (it may grow there at any
+// moment), the wait cannot be told, and waiters stay until their own
+// deadlines.
 //
 // Served newest first, the one k places from the newest waits about k+1
 // tokens of what is left after newer arrivals. Served oldest first
 // (oldestFirstLocked), the one with k kept ahead of it waits k+1 tokens of
 // the rate, later arrivals queueing behind it.
 func (c *Controller) shedLocked(now time.Time) {
-	if c.collapsed.Load() || len(c.line) == 0 || c.rate < max(c.freeLocked(), c.before) {
-		return // the rate is unknown, or still growing: no wait can be told
+	if c.collapsed.Load() || c.fail > 0 || len(c.line) == 0 || c.rate < max(c.freeLocked(), c.before) {
+		return // the rate is unknown, about to change, or still growing: no wait can be told
 	}
 	oldest := c.oldestFirstLocked()
 	per := float64(c.s.Interval) / c.rate
@@ -747,12 +767,25 @@ func (c *Controller) shedLocked(now time.Time) {
 	c.line = kept
 }
 
-// oldestFirstLocked reports whether the line is served oldest first:
-// every answer of the last interval with answers took an Interval or more,
-// so the server keeps a queue of its own and the callers it can still
-// answer in time are those with more time left than that (the package doc
-// says why oldest first then gets the most of them through).
-func (c *Controller) oldestFirstLocked() bool { return c.lastTook >= c.s.Interval }
+// oldestFirstLocked reports whether the line is served oldest first: the
+// line drains (drainingLocked), or every answer of the last interval with
+// answers took an Interval or more, so the server keeps a queue of its own
+// and the callers it can still answer in time are those with more time
+// left than that. The package doc says why oldest first then gets the most
+// of them through.
+func (c *Controller) oldestFirstLocked() bool {
+	return c.lastTook >= c.s.Interval || c.drainingLocked()
+}
+
+// drainingLocked reports whether the line drains: the server answers
+// again, refused nothing in this interval, and the rate is back at what it
+// sustained before this episode (from there it grows, while attempts
+// wait, to a quarter above the attempts that come). The attempts that come
+// are then served as they were before the overload, and the tokens above
+// them go to the callers who waited.
+func (c *Controller) drainingLocked() bool {
+	return !c.collapsed.Load() && c.fail == 0 && c.before > 0 && c.rate >= c.before
+}
 
 // shedOneLocked refuses waiter w with ErrShed; the caller takes it out of
 // the line.

@@ -576,8 +576,7 @@ func TestPacingEnds(t *testing.T) {
 // A waiter whose deadline falls before its turn is shed at once; while
 // the server is collapsed nobody is shed before their deadline.
 func TestShedding(t *testing.T) {
-	c, clk := calmThenFail(t, 10)
-	clk.Advance(DefaultInterval) // collapsed
+	c, clk := herdCollapsed(t)
 	out := make(chan grant, 10)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -595,11 +594,11 @@ func TestShedding(t *testing.T) {
 	if st := c.State(); st.Shed != 0 {
 		t.Fatalf("shed %d while collapsed", st.Shed)
 	}
-	// Recovery at 10 per interval, with 10 arrivals per interval before:
-	// the spare is a tenth of the rate, a token per 100ms, so the oldest
+	// Recovery at 9 per interval, with 9 arrivals per interval before:
+	// the spare is a tenth of the rate, a token per 111ms, so the oldest
 	// waiter (two places back) cannot make its 50ms deadline.
 	c.mu.Lock()
-	c.lastIn = 10
+	c.lastIn = 9
 	c.mu.Unlock()
 	c.Done(Answered)
 	g := <-out
@@ -618,6 +617,21 @@ func TestShedding(t *testing.T) {
 	if st := c.State(); st.Waiting != 0 {
 		t.Errorf("waiting = %d after every waiter left", st.Waiting)
 	}
+}
+
+// herdCollapsed is a fresh client (nothing sustained before, so its line
+// never drains oldest first) whose first interval's herd the server took
+// 10 of, collapsing.
+func herdCollapsed(t *testing.T) (*Controller, *fakeClock) {
+	t.Helper()
+	c, clk := newController(t, Settings{})
+	report(c, Answered, 10)
+	report(c, Overloaded, 20)
+	clk.Advance(DefaultInterval)
+	if st := c.State(); !st.Pacing || !c.collapsed.Load() {
+		t.Fatal("not collapsed after the herd")
+	}
+	return c, clk
 }
 
 // Answers during a slow start (nothing known before) are not taken as what
@@ -754,12 +768,14 @@ func TestLateAttemptsAreShed(t *testing.T) {
 }
 
 // Shedding by wait counts the time answers take too: at 60 an interval
-// with 60 arriving, the newest waiter's turn comes in about 17ms, and its
-// answer 80ms later, past its 90ms.
+// the waiter's turn comes in about 1.7ms, and its answer 80ms later, past
+// its 81ms.
 func TestShedWaitCountsAnswerTime(t *testing.T) {
 	c, clk := answersTook(t, 80*time.Millisecond)
 	setBucket(c, 60, 0, 60)
-	ctx, cancel := deadlineIn(clk, 90*time.Millisecond)
+	// At the sustained 60 the line drains, oldest first: the waiter's turn
+	// is the next token, 1.7ms away, and its answer 80ms after that.
+	ctx, cancel := deadlineIn(clk, 81*time.Millisecond)
 	defer cancel()
 	if _, err := c.Acquire(ctx); !errors.Is(err, ErrShed) {
 		t.Fatalf("Acquire = %v, want ErrShed", err)
@@ -897,6 +913,126 @@ func deadlineIn(clk *fakeClock, d time.Duration) (context.Context, context.Cance
 	ctx, cancel := context.WithDeadline(context.Background(), clk.Now().Add(d))
 	stop := time.AfterFunc(10*time.Second, cancel)
 	return ctx, func() { stop.Stop(); cancel() }
+}
+
+// Once the server answers again at the rate it sustained before, the line
+// drains: it is served oldest first, so that the tokens above the arrivals
+// go to the callers who waited longest. A refusal turns it back to newest
+// first within the same interval, and the retries of the refused attempts,
+// at the old end, go last.
+func TestLineDrainsOldestFirst(t *testing.T) {
+	c, clk := calmThenFail(t, 10)
+	clk.Advance(DefaultInterval) // collapsed
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if d, err := c.Acquire(ctx); d != 0 || err != nil { // the probe
+		t.Fatalf("probe: %v, %v", d, err)
+	}
+	out := make(chan grant, 4)
+	for id := range 4 {
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	c.Done(Answered) // the probe's answer: restart at the sustained 10
+	if got := rateOf(c); got != 10 {
+		t.Fatalf("restart at %v per interval, want the sustained 10", got)
+	}
+	next := func() int {
+		t.Helper()
+		clk.Advance(DefaultInterval / 10) // a token
+		g := <-out
+		if g.err != nil {
+			t.Fatalf("waiter %d: %v", g.id, g.err)
+		}
+		return g.id
+	}
+	for _, want := range []int{0, 1} {
+		if id := next(); id != want {
+			t.Fatalf("served %d, want %d (oldest first)", id, want)
+		}
+	}
+	c.Done(Overloaded) // one refusal in this interval
+	for _, want := range []int{3, 2} {
+		if id := next(); id != want {
+			t.Fatalf("after a refusal served %d, want %d (newest first)", id, want)
+		}
+	}
+}
+
+// Below the rate the server sustained before, the line does not drain
+// (attempts come faster than before the overload was served), and it is
+// served newest first.
+func TestLineBelowTheSustainedRateIsNewestFirst(t *testing.T) {
+	c, clk := calmThenFail(t, 10)
+	clk.Advance(DefaultInterval)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := c.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan grant, 3)
+	for id := range 3 {
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	c.mu.Lock()
+	c.known = 5 // a setback lowered what the server is known to take
+	c.mu.Unlock()
+	c.Done(Answered)
+	if got := rateOf(c); got != 5 {
+		t.Fatalf("restart at %v, want 5", got)
+	}
+	clk.Advance(DefaultInterval / 5) // a token
+	if g := <-out; g.id != 2 || g.err != nil {
+		t.Fatalf("first served %+v, want the newest, 2", g)
+	}
+	cancel()
+	for range 2 {
+		<-out
+	}
+}
+
+// No waiter is shed on the wait the line would have in an interval in
+// which the server refused attempts: the rate is about to come down or
+// collapse, and the wait cannot be told.
+func TestNoSheddingInARefusedInterval(t *testing.T) {
+	// As in TestShedding, but with a refusal in the restart's interval.
+	c, clk := herdCollapsed(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := c.Acquire(ctx); err != nil { // the probe
+		t.Fatal(err)
+	}
+	out := make(chan grant, 3)
+	near, cancelNear := context.WithDeadline(ctx, clk.Now().Add(50*time.Millisecond))
+	defer cancelNear()
+	acquireAsync(near, c, 0, out)
+	waitLine(t, c, 1)
+	for id := 1; id <= 2; id++ {
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	c.mu.Lock()
+	c.lastIn = 9 // arrivals as fast as the rate: no spare for the line
+	c.mu.Unlock()
+	c.Done(Overloaded) // a refusal in the interval of the restart
+	c.Done(Answered)   // the probe's answer: restart at 9
+	if got := rateOf(c); got != 9 {
+		t.Fatalf("restart at %v, want 90 %% of the 10 taken", got)
+	}
+	// The token goes to the newest; the oldest, whose 50ms the line could
+	// not meet, stays while the interval shows a refusal.
+	clk.Advance(DefaultInterval / 5) // a token (at most one is kept)
+	if g := <-out; g.id != 2 || g.err != nil {
+		t.Fatalf("first result %+v, want 2 served", g)
+	}
+	if st := c.State(); st.Shed != 0 || st.Waiting != 2 {
+		t.Fatalf("shed %d, waiting %d in a refused interval; want 0 and 2", st.Shed, st.Waiting)
+	}
+	cancel()
+	for range 2 {
+		<-out
+	}
 }
 
 // An interval whose answers outnumber its rate (tokens the bucket kept

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/herdguard/herdguard/policy"
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
@@ -41,10 +43,15 @@ func runStrategies(t *testing.T, sc Scenario, scale float64, names ...string) ma
 					st.Name, res.Succeeded, res.Failed, res.Calls, res.FastFails, res.Outcomes)
 			}
 			// Every call the breaker did not refuse sent its first
-			// attempt, unless the overload controller shed it before.
+			// attempt, unless the overload controller shed it before, or
+			// its deadline passed while it waited in the controller's line
+			// (such a call ends DeadlineExceeded, as one that timed out in
+			// flight does).
 			sent, shed := int64(res.Calls-res.FastFails), int64(res.Outcomes["shed"])
-			if res.Stats.FirstAttempts > sent || res.Stats.FirstAttempts < sent-shed {
-				t.Errorf("%s: server saw %d first attempts, want %d (calls not refused by the breaker) less at most the %d shed", st.Name, res.Stats.FirstAttempts, sent, shed)
+			expired := int64(res.Outcomes["error "+codes.DeadlineExceeded.String()])
+			if res.Stats.FirstAttempts > sent || res.Stats.FirstAttempts < sent-shed-expired {
+				t.Errorf("%s: server saw %d first attempts, want %d (calls not refused by the breaker) less at most the %d shed and the %d that ran out of time",
+					st.Name, res.Stats.FirstAttempts, sent, shed, expired)
 			}
 			out[n] = res
 			var series []int64
@@ -252,13 +259,27 @@ func fakeStats(windowMS int64, retries []int64, lastOK, recovered int64) *demov1
 	return s
 }
 
-// TestTimingBrownoutsHeal: through a 2 s capacity cut, herdguard's
-// defaults are ok again no later than 1 s after sending no retries is.
+// TestTimingBrownoutsHeal: through each brownout, herdguard's defaults are
+// ok again no later than 1 s after sending no retries is, with at least as
+// many calls ok, and at least 85 % of the calls ok through the two 2 s
+// cuts.
 //
 //   - The sticky server stays down while it is hit: the controller must
 //     never keep it overloaded, also not by growing its own rate back past
 //     what the server takes after every restart (a loop that once left
-//     about half the runs stuck). Calls ok are at least those of no retries.
+//     about half the runs stuck). Once it answers again at the rate it
+//     sustained before, the line must drain oldest first: newest first,
+//     the callers who waited through the cut ran out of time in the line
+//     while the tokens above the arrivals went to the newest, and calls ok
+//     were 81.9 % (96-97 % oldest first). A rate held just under the
+//     server's capacity while the line drains must not creep past it (one
+//     more answer an interval, learnt as capacity, collapsed the server
+//     after the outage now and then), and a few attempts that the line sent
+//     at the edge of their deadlines, and that then timed out, must not
+//     stop the drain (as overload they turned the line newest first and
+//     shed most of it: 86 % instead of 99 % in two runs of ten).
+//   - The 1 s outage: the server fails everything, then needs 1 s of calm.
+//     Calls ok 99.3-99.4 % (no retries 83.3 %).
 //   - The gentle server queues up to 1 s: attempts that waited in the line
 //     must not be sent into that queue too late to be answered (they ended
 //     at their deadlines up to 2.5 s after the cut), and the line must be
@@ -281,6 +302,7 @@ func TestTimingBrownoutsHeal(t *testing.T) {
 		rivals []string // strategies whose calls ok the defaults must reach, besides no retries
 	}{
 		{"sticky", SteadyCut(), nil},
+		{"outage", SteadyOutage(), nil},
 		{"gentle", SteadyGentle(), []string{"exponential + decorrelated"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -295,6 +317,9 @@ func TestTimingBrownoutsHeal(t *testing.T) {
 			}
 			if hgNever || hgAfter > noneAfter+time.Second {
 				t.Errorf("herdguard ok again %v after the cut (never: %v), no retries %v: want no later than 1 s after", hgAfter, hgNever, noneAfter)
+			}
+			if ok := float64(hg.Succeeded) / float64(hg.Calls); tc.sc.Faults.TriggerCapacity > 0 && ok < 0.85 {
+				t.Errorf("herdguard %.1f %% of calls ok through a capacity cut: want at least 85 %%", 100*ok)
 			}
 			for _, name := range append([]string{"no retries"}, tc.rivals...) {
 				r, ok := rs[name]
