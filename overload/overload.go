@@ -181,8 +181,10 @@ func New(s Settings) (*Controller, error) {
 
 // Acquire asks leave to send one attempt, and returns how long the attempt
 // was held back. While the server is calm it returns at once. While pacing
-// it waits for a token, newest first, until ctx ends (its error is
-// returned) or the controller sheds the attempt ([ErrShed]). Only an
+// it waits for a token in the line (served newest first while the server
+// is overloaded, oldest first while the line drains; see the package doc)
+// until ctx ends (its error is returned) or the controller sheds the
+// attempt ([ErrShed]). Only an
 // attempt with a deadline can be shed: one without waits as long as the
 // overload lasts, or until ctx is cancelled.
 func (c *Controller) Acquire(ctx context.Context) (time.Duration, error) {
@@ -196,10 +198,9 @@ func (c *Controller) Acquire(ctx context.Context) (time.Duration, error) {
 // for load while the controller paces: instead of a backoff wait, the retry
 // waits at the old end of the line, with the oldest callers. Served newest
 // first, it goes behind every attempt already waiting and every one that
-// comes later: under a lasting overload fresh calls go first; once the
-// overload passes, the line drains and the retry goes. Served oldest first
-// (the server answers late), it goes first, as its call is among the
-// oldest.
+// comes later: under a lasting overload fresh calls go first. Served
+// oldest first (the line drains, or the server answers late), it goes
+// first, as its call is among the oldest.
 func (c *Controller) AcquireRetry(ctx context.Context) (time.Duration, error) {
 	if !c.pacing.Load() {
 		return 0, nil
