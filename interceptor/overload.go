@@ -121,7 +121,7 @@ func attemptDoneAfter(ctl *overload.Controller, err error, clk clock, sent time.
 // controller how long it waited in the line and how much time it had left
 // when it went out ([overload.Controller.TimedOut]).
 func attemptDoneIn(ctx context.Context, ctl *overload.Controller, end attemptEnd, clk clock, asked, sent time.Time) {
-	if !sent.IsZero() && end.err != nil && !end.timedOut && status.Code(end.err) == codes.DeadlineExceeded {
+	if !sent.IsZero() && !end.timedOut && status.Code(end.err) == codes.DeadlineExceeded {
 		if dl, ok := ctx.Deadline(); ok && ctx.Err() == context.DeadlineExceeded {
 			ctl.TimedOut(sent.Sub(asked), dl.Sub(sent))
 			return

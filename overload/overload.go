@@ -545,13 +545,13 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 		c.rate = max(1, min(c.rate, c.s.Headroom*ok))
 		c.quiet = 0
 	case waited:
-		c.learnLocked(min(ok, sent, c.rate))
+		c.learnLocked(min(ok, sent))
 		c.quiet = 0
 		if ok > 0 {
 			c.growLocked(now)
 		}
 	case fail == 0:
-		c.learnLocked(min(ok, sent, c.rate))
+		c.learnLocked(min(ok, sent))
 		// Nobody waited: the rate may rise to what the server is known
 		// to take, and the pacing ends once the attempts have stayed
 		// well below the rate (half) for Calm intervals.
@@ -607,9 +607,10 @@ func (c *Controller) freeLocked() float64 {
 // learnLocked raises what the server is known to sustain after an interval
 // in which it took ok attempts and refused none, once that is more than the
 // capacity it showed in this episode: the capacity has grown since. The
-// caller passes no more than the attempts sent in the interval, nor its
-// rate: answers to attempts sent in the one before, which land late, and
-// the tokens a bucket kept from it, are no proof of more capacity. A rate
+// caller passes no more than the attempts sent in the interval, and no more
+// than the interval's rate is learnt: answers to attempts sent in the one
+// before, which land late, and the tokens a bucket kept from it, are no
+// proof of more capacity. A rate
 // held just under a capacity would otherwise learn that noise, one more
 // each interval, creep past the capacity, and collapse the server (seen in
 // the storm lab's outage, while a long line drained at a quarter above the
@@ -619,6 +620,7 @@ func (c *Controller) freeLocked() float64 {
 // that the server takes at least that many, which the slow start already
 // follows, and are not taken as what it sustains.
 func (c *Controller) learnLocked(ok float64) {
+	ok = min(ok, c.rate)
 	if ok > c.ceiling && (c.known > 0 || c.ceiling > 0) {
 		c.known = max(c.known, ok)
 	}
