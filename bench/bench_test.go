@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"io"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -99,10 +100,14 @@ func okServer(tb testing.TB) *testserver.Server {
 
 // BenchmarkUnarySuccess is a whole call over bufconn, tracing off. Its time
 // varies between runs; compare allocations.
+//
+// "hand-written-a6" is the retry loop with gRFC A6's rules (see
+// handWrittenA6): what catching the header and the trailer costs a call
+// that needs no retry.
 func BenchmarkUnarySuccess(b *testing.B) {
 	srv := okServer(b)
 	req := &testgrpc.SimpleRequest{}
-	for _, p := range peers {
+	for _, p := range append(peers[:len(peers):len(peers)], loop("hand-written-a6", handWrittenA6)) {
 		b.Run("peer="+p.name, func(b *testing.B) {
 			c := srv.Client(b, p.dial(b, 3, 100*time.Millisecond)...)
 			ctx := context.Background()
@@ -174,7 +179,10 @@ func BenchmarkUnaryTraced(b *testing.B) {
 // machinery's own cost. "hand-written" is the loop a user would write, with
 // a timer for each wait; "hand-written-nowait" retries at once, and
 // "hand-written-pushback" too but reads the server's pushback, which costs
-// gRPC's copy of every failed attempt's trailer, as it costs herdguard.
+// gRPC's copy of every failed attempt's trailer, as it costs herdguard;
+// "hand-written-a6" has herdguard's wire behaviour and gRFC A6's rules
+// without waiting: the attempt number, the pushback and the commit on
+// response headers.
 func BenchmarkUnaryFailure3(b *testing.B) {
 	var n atomic.Int64
 	srv := testserver.Start(b, &testserver.Server{NoRecord: true, Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
@@ -183,15 +191,11 @@ func BenchmarkUnaryFailure3(b *testing.B) {
 		}
 		return &testgrpc.SimpleResponse{}, nil
 	}})
-	loop := func(name string, f grpc.UnaryClientInterceptor) peer {
-		return peer{name: name, dial: func(testing.TB, int, time.Duration) []grpc.DialOption {
-			return []grpc.DialOption{grpc.WithChainUnaryInterceptor(f)}
-		}}
-	}
 	all := append([]peer{
 		loop("hand-written", handWritten),
 		loop("hand-written-nowait", handWrittenNoWait),
 		loop("hand-written-pushback", handWrittenPushback),
+		loop("hand-written-a6", handWrittenA6),
 	}, peers...)
 	req := &testgrpc.SimpleRequest{}
 	for _, p := range all {
@@ -218,6 +222,13 @@ func BenchmarkUnaryFailure3(b *testing.B) {
 			}
 		})
 	}
+}
+
+// loop is a hand-written retry loop as a peer.
+func loop(name string, f grpc.UnaryClientInterceptor) peer {
+	return peer{name: name, dial: func(testing.TB, int, time.Duration) []grpc.DialOption {
+		return []grpc.DialOption{grpc.WithChainUnaryInterceptor(f)}
+	}}
 }
 
 // handWritten retries Unavailable up to 3 attempts with a 1 ns timer.
@@ -265,6 +276,34 @@ func handWrittenPushback(ctx context.Context, method string, req, reply any, cc 
 		}
 		if v := trailer.Get("grpc-retry-pushback-ms"); len(v) > 0 && v[0] != "0" {
 			return err // a hand-written loop that does not wait stops on any pushback
+		}
+	}
+}
+
+// handWrittenA6 retries Unavailable up to 3 attempts at once, with the wire
+// behaviour and the rules gRFC A6 asks of a retrying client, as herdguard
+// has them: it numbers each retry in its metadata, honours the server's
+// pushback, and does not retry once the server sent response headers (the
+// call is committed). It catches the header and the trailer of every attempt
+// that another may follow; gRPC copies each.
+func handWrittenA6(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	var header, trailer metadata.MD
+	caught := append(opts[:len(opts):len(opts)], grpc.Header(&header), grpc.Trailer(&trailer))
+	for attempt := 1; ; attempt++ {
+		o, actx := caught, ctx
+		if attempt == 3 {
+			o = opts
+		}
+		if attempt > 1 {
+			actx = metadata.AppendToOutgoingContext(ctx, interceptor.AttemptMetadataKey, strconv.Itoa(attempt))
+		}
+		header, trailer = nil, nil
+		err := inv(actx, method, req, reply, cc, o...)
+		if err == nil || status.Code(err) != codes.Unavailable || attempt == 3 || header != nil {
+			return err
+		}
+		if v := trailer.Get("grpc-retry-pushback-ms"); len(v) > 0 && v[0] != "0" {
+			return err // a loop that does not wait stops on any pushback
 		}
 	}
 }
