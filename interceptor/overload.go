@@ -121,13 +121,30 @@ func attemptDoneAfter(ctl *overload.Controller, err error, clk clock, sent time.
 // controller how long it waited in the line and how much time it had left
 // when it went out ([overload.Controller.TimedOut]).
 func attemptDoneIn(ctx context.Context, ctl *overload.Controller, end attemptEnd, clk clock, asked, sent time.Time) {
-	if !sent.IsZero() && !end.timedOut && status.Code(end.err) == codes.DeadlineExceeded {
-		if dl, ok := ctx.Deadline(); ok && ctx.Err() == context.DeadlineExceeded {
-			ctl.TimedOut(sent.Sub(asked), dl.Sub(sent))
-			return
-		}
+	if timedOutIn(ctx, ctl, end.err, end.timedOut, asked, sent) {
+		return
 	}
 	attemptDoneAfter(ctl, end.err, clk, sent)
+}
+
+// timedOutIn tells the controller, and reports true, when an attempt of
+// the call whose context is ctx, which asked the controller at asked and
+// was sent at sent (zero: sent while calm), ended with err because the
+// call's deadline passed while it was in flight: not its own
+// PerAttemptTimeout (perAttempt), nor an error that is not
+// DeadlineExceeded. It then tells the controller how long the attempt
+// waited in the line and how much time it had left when it went out
+// ([overload.Controller.TimedOut]); otherwise it tells nothing.
+func timedOutIn(ctx context.Context, ctl *overload.Controller, err error, perAttempt bool, asked, sent time.Time) bool {
+	if sent.IsZero() || perAttempt || status.Code(err) != codes.DeadlineExceeded {
+		return false
+	}
+	dl, ok := ctx.Deadline()
+	if !ok || ctx.Err() != context.DeadlineExceeded {
+		return false
+	}
+	ctl.TimedOut(sent.Sub(asked), dl.Sub(sent))
+	return true
 }
 
 // attemptDone tells the controller (nil: none) how an attempt ended.

@@ -540,35 +540,54 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 		{"held past its time", 1900 * time.Millisecond, 100 * time.Millisecond, false, false},
 		{"its own per-attempt timeout", 1900 * time.Millisecond, 100 * time.Millisecond, true, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			clk := newFakeClock()
-			ctl, err := overload.New(overload.Settings{Now: clk.Now, AfterFunc: func(d time.Duration, f func()) func() bool {
-				return clk.AfterFunc(d, f).Stop
-			}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for range overload.DefaultMinFailures {
-				ctl.Done(overload.Overloaded)
-			}
-			clk.advance(overload.DefaultInterval) // collapsed
-			if _, err := ctl.Acquire(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			ctl.Done(overload.Answered) // the probe's answer: a slow start
-			before := ctl.State()
-			// The call's deadline passed: sent left before it, after
-			// waiting held in the line.
-			sent := clk.Now()
-			attemptDoneIn(fakeDeadline{expired, sent.Add(tc.left)}, ctl,
-				attemptEnd{err: timedOut, timedOut: tc.perAttempt}, clk, sent.Add(-tc.held), sent)
-			clk.advance(overload.DefaultInterval)
-			st := ctl.State()
-			probe := float64(time.Second / overload.DefaultInterval) // one attempt per interval
-			if !st.Pacing || (st.Rate == probe) != tc.collapse {
-				t.Errorf("after the time-out: %+v (before %+v); want a collapse to %v a second: %v", st, before, probe, tc.collapse)
-			}
-		})
+		for _, kind := range []string{"unary", "stream"} {
+			t.Run(kind+"/"+tc.name, func(t *testing.T) {
+				clk := newFakeClock()
+				ctl, err := overload.New(overload.Settings{Now: clk.Now, AfterFunc: func(d time.Duration, f func()) func() bool {
+					return clk.AfterFunc(d, f).Stop
+				}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for range overload.DefaultMinFailures {
+					ctl.Done(overload.Overloaded)
+				}
+				clk.advance(overload.DefaultInterval) // collapsed
+				if _, err := ctl.Acquire(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				ctl.Done(overload.Answered) // the probe's answer: a slow start
+				before := ctl.State()
+				// The call's deadline passed: sent left before it, after
+				// waiting held in the line.
+				sent := clk.Now()
+				ctx, asked := fakeDeadline{expired, sent.Add(tc.left)}, sent.Add(-tc.held)
+				switch kind {
+				case "unary":
+					attemptDoneIn(ctx, ctl, attemptEnd{err: timedOut, timedOut: tc.perAttempt}, clk, asked, sent)
+				case "stream":
+					// A stream no answer had come for when its deadline
+					// passed.
+					ic, err := New()
+					if err != nil {
+						t.Fatal(err)
+					}
+					s := &retryStream{ic: ic, ctx: ctx, ctl: ctl, method: testserver.MethodUnary}
+					a := &streamAttempt{n: 1, live: true, asked: asked, sent: sent}
+					a.timedOut.Store(tc.perAttempt)
+					s.a = a
+					s.mu.Lock()
+					s.endAttemptLocked(a, timedOut)
+					s.mu.Unlock()
+				}
+				clk.advance(overload.DefaultInterval)
+				st := ctl.State()
+				probe := float64(time.Second / overload.DefaultInterval) // one attempt per interval
+				if !st.Pacing || (st.Rate == probe) != tc.collapse {
+					t.Errorf("after the time-out: %+v (before %+v); want a collapse to %v a second: %v", st, before, probe, tc.collapse)
+				}
+			})
+		}
 	}
 }
 

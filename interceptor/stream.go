@@ -134,16 +134,19 @@ type retryStream struct {
 
 // streamAttempt is one attempt of a stream.
 type streamAttempt struct {
-	n        int
-	cs       grpc.ClientStream // nil when the attempt failed to open
-	live     bool              // the call's context was alive when it started
-	started  time.Time
-	cancel   context.CancelCauseFunc
-	openCtx  context.Context // a hedge's context until openHedge opens it
-	timeout  *time.Timer     // cancels the attempt at PerAttemptTimeout until commit
-	timedOut atomic.Bool
-	span     trace.Span
-	ended    bool // its span is ended and it is counted; guarded by the stream's mu
+	n       int
+	cs      grpc.ClientStream // nil when the attempt failed to open
+	live    bool              // the call's context was alive when it started
+	started time.Time
+	// asked and sent are when the attempt asked the overload controller and
+	// when it went, while the controller paced (zero: sent while calm).
+	asked, sent time.Time
+	cancel      context.CancelCauseFunc
+	openCtx     context.Context // a hedge's context until openHedge opens it
+	timeout     *time.Timer     // cancels the attempt at PerAttemptTimeout until commit
+	timedOut    atomic.Bool
+	span        trace.Span
+	ended       bool // its span is ended and it is counted; guarded by the stream's mu
 	// notSent is why the overload controller did not let the attempt go
 	// (shed, or the context ended while it waited); it never opened.
 	notSent error
@@ -296,11 +299,16 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 			return &streamAttempt{n: s.attempts + 1, notSent: err}, err
 		}
 	}
-	if err := s.ic.admit(s.ctx, s.tracer, s.ctl, s.method, s.attempts+1, back); err != nil {
-		return &streamAttempt{n: s.attempts + 1, notSent: err}, err
+	var asked, sent time.Time
+	if s.ctl != nil && s.ctl.Pacing() { // admit's own test, without the clock while calm
+		asked = s.ic.clock.Now()
+		if err := s.ic.admit(s.ctx, s.tracer, s.ctl, s.method, s.attempts+1, back); err != nil {
+			return &streamAttempt{n: s.attempts + 1, notSent: err}, err
+		}
+		sent = s.ic.clock.Now()
 	}
 	s.attempts++
-	a := &streamAttempt{n: s.attempts, live: s.ctx.Err() == nil}
+	a := &streamAttempt{n: s.attempts, live: s.ctx.Err() == nil, asked: asked, sent: sent}
 	if s.hedge != nil && s.hedge.window != nil { // latency is recorded only for a latency-aware delay
 		a.started = s.ic.clock.Now()
 	}
@@ -942,6 +950,9 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		// deadline ended the stream it was serving: that says nothing of
 		// its load, and a watch stream lives until its deadline.
 		attemptDone(s.ctl, nil)
+	case timedOutIn(s.ctx, s.ctl, err, a.timedOut.Load(), a.asked, a.sent):
+		// Unanswered when the caller's deadline passed: told as the
+		// time it waited in the line against the time it had left.
 	default:
 		attemptDone(s.ctl, err)
 	}
