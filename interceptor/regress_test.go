@@ -717,63 +717,100 @@ func TestRegressCallerEndedCallsDoNotTrip(t *testing.T) {
 	}
 }
 
-// TestRegressLongStreamClosesHalfOpenBreaker: a probe stream that has
-// committed has shown the server healthy; the breaker closes then, not when
-// the (long) stream ends, and lets other calls through.
+// TestRegressLongStreamClosesHalfOpenBreaker: a probe stream the server
+// has answered has shown the server healthy; the breaker closes then, not
+// when the (long) stream ends, and lets other calls through: when the
+// caller received a message, and when the server sent headers alone that
+// the caller has not read, also after Context() committed the stream
+// before they came.
 //
 // It runs in real time, as gobreaker reads the wall clock: the open period
-// is short and waitHalfOpen's wait for it generous.
+// is short and the waits for the breaker generous.
 func TestRegressLongStreamClosesHalfOpenBreaker(t *testing.T) {
-	var failing atomic.Bool
-	failing.Store(true)
-	release := make(chan struct{})
-	stopProbe := sync.OnceFunc(func() { close(release) })
-	defer stopProbe()
-	srv := testserver.Start(t, &testserver.Server{
-		Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-			if failing.Load() {
-				return nil, status.Error(codes.Unavailable, "regress: down")
+	for _, tc := range []struct {
+		name    string
+		message bool // the server sends a message, or headers alone
+		context bool // the caller calls Context() first
+	}{
+		{"a message received", true, false},
+		{"headers unread", false, false},
+		{"headers unread after Context", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var failing atomic.Bool
+			failing.Store(true)
+			release := make(chan struct{})
+			stopProbe := sync.OnceFunc(func() { close(release) })
+			defer stopProbe()
+			srv := testserver.Start(t, &testserver.Server{
+				Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+					if failing.Load() {
+						return nil, status.Error(codes.Unavailable, "regress: down")
+					}
+					return &testgrpc.SimpleResponse{}, nil
+				},
+				ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+					var err error
+					if tc.message {
+						err = ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("first")})
+					} else {
+						err = ss.SendHeader(metadata.Pairs("watch", "on"))
+					}
+					if err != nil {
+						return err
+					}
+					select {
+					case <-release:
+					case <-ss.Context().Done():
+					}
+					return nil
+				},
+			})
+			c, ic := streamClient(t, srv, WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 50 * ms}))
+			b := ic.Breakers().Get(testserver.Target, testserver.MethodUnary)
+			if err := call(t, c); status.Code(err) != codes.Unavailable {
+				t.Fatalf("tripping call: got %v, want Unavailable", err)
 			}
-			return &testgrpc.SimpleResponse{}, nil
-		},
-		ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
-			if err := ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("first")}); err != nil {
-				return err
+			if got := b.State(); got != breaker.Open {
+				t.Fatalf("breaker %v, want open", got)
 			}
-			select {
-			case <-release:
-			case <-ss.Context().Done():
-			}
-			return nil
-		},
-	})
-	c, ic := streamClient(t, srv, WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 50 * ms}))
-	b := ic.Breakers().Get(testserver.Target, testserver.MethodUnary)
-	if err := call(t, c); status.Code(err) != codes.Unavailable {
-		t.Fatalf("tripping call: got %v, want Unavailable", err)
-	}
-	if got := b.State(); got != breaker.Open {
-		t.Fatalf("breaker %v, want open", got)
-	}
-	waitHalfOpen(t, b)
-	failing.Store(false)
+			waitHalfOpen(t, b)
+			failing.Store(false)
 
-	stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
-	if err != nil {
-		t.Fatalf("probe stream: %v", err)
-	}
-	if m, err := stream.Recv(); err != nil || string(m.GetPayload().GetBody()) != "first" {
-		t.Fatalf("probe's first Recv = %v, %v; want first", m, err)
-	}
-	if err := call(t, c); err != nil {
-		t.Errorf("unary call while the committed probe stream is open: got %v, want nil", err)
-	}
-	if got := b.State(); got != breaker.Closed {
-		t.Errorf("breaker %v after the probe stream committed, want closed", got)
-	}
-	stopProbe()
-	if m, err := stream.Recv(); err != io.EOF {
-		t.Errorf("probe's last Recv = %v, %v; want io.EOF", m, err)
+			stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+			if err != nil {
+				t.Fatalf("probe stream: %v", err)
+			}
+			if tc.context {
+				_ = stream.Context()
+			}
+			if tc.message {
+				if m, err := stream.Recv(); err != nil || string(m.GetPayload().GetBody()) != "first" {
+					t.Fatalf("probe's first Recv = %v, %v; want first", m, err)
+				}
+			}
+			// The headers are the server's answer, whenever they come.
+			deadline := time.Now().Add(callTimeout)
+			for b.State() != breaker.Closed && time.Now().Before(deadline) {
+				time.Sleep(5 * ms)
+			}
+			if got := b.State(); got != breaker.Closed {
+				t.Errorf("breaker %v while the answered probe stream is open, want closed", got)
+			}
+			if err := call(t, c); err != nil {
+				t.Errorf("unary call while the answered probe stream is open: got %v, want nil", err)
+			}
+			stopProbe()
+			if tc.message {
+				if m, err := stream.Recv(); err != io.EOF {
+					t.Errorf("probe's last Recv = %v, %v; want io.EOF", m, err)
+				}
+			} else if md, err := stream.Header(); err != nil || md.Get("watch")[0] != "on" {
+				t.Errorf("probe's Header() = %v, %v; want watch: on", md, err)
+			} else if m, err := stream.Recv(); err != io.EOF {
+				t.Errorf("probe's Recv = %v, %v; want io.EOF", m, err)
+			}
+		})
 	}
 }
 

@@ -332,7 +332,9 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 		return a, err
 	}
 	a.cs = cs
-	if a.timeout != nil {
+	if a.timeout != nil || s.probe && s.breakerDone != nil {
+		// The per-attempt timeout stops at the headers, and a half-open
+		// probe's verdict may not wait for the caller to read them.
 		go s.watchHeaders(a)
 	}
 	for i := range s.ends {
@@ -380,17 +382,20 @@ func (s *retryStream) decodeLocked(i int) (proto.Message, int, error) {
 	return msg, s.ends[i] - start, nil
 }
 
-// watchHeaders commits the stream when attempt a's response headers arrive,
-// read or not, so that its per-attempt timeout stops there (gRFC A6: a
-// server that sent headers has the call). It ends when the attempt does.
+// watchHeaders records the server's answer when attempt a's response
+// headers arrive, read or not: the stream commits, so that its per-attempt
+// timeout stops there (gRFC A6: a server that sent headers has the call),
+// and the breaker counts it a success, so that a half-open probe whose
+// caller has not read them yet (a watch that waits for its first message,
+// an upload that reads at its end) closes the breaker then. It ends when
+// the attempt does.
 func (s *retryStream) watchHeaders(a *streamAttempt) {
 	if md, _ := a.cs.Header(); md == nil {
 		return
 	}
 	s.mu.Lock()
 	if s.a == a && !s.finished {
-		s.answered = true
-		s.commitLocked(false)
+		s.answeredLocked()
 	}
 	s.mu.Unlock()
 }
