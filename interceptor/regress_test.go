@@ -616,36 +616,49 @@ var breakerKinds = []struct {
 	}},
 }
 
-// TestRegressHungBackendTripsBreaker: a call whose deadline runs out while
-// its attempt waits on a server that does not answer is the server's
-// failure, and opens the breaker like any other.
+// TestRegressHungBackendTripsBreaker: a call whose deadline (the caller's,
+// or the policy's Timeout) runs out while its attempt waits on a server
+// that does not answer is the server's failure, and opens the breaker like
+// any other.
 func TestRegressHungBackendTripsBreaker(t *testing.T) {
 	const trip = 3
 	srv, _ := hungServer(t)
-	for _, k := range breakerKinds {
-		t.Run(k.name, func(t *testing.T) {
-			c, ic := streamClient(t, srv, WithBreaker(breaker.Settings{ConsecutiveFailures: trip}))
-			for i := range trip {
-				ctx, cancel := context.WithTimeout(context.Background(), hungDeadline)
-				err := k.call(ctx, c, "hang")
-				cancel()
-				if status.Code(err) != codes.DeadlineExceeded {
-					t.Fatalf("call %d: got %v, want DeadlineExceeded", i+1, err)
+	for _, deadline := range []string{"caller's", "Policy.Timeout"} {
+		for _, k := range breakerKinds {
+			t.Run(deadline+"/"+k.name, func(t *testing.T) {
+				opts := []Option{WithBreaker(breaker.Settings{ConsecutiveFailures: trip})}
+				callCtx := func() (context.Context, context.CancelFunc) {
+					return context.WithTimeout(context.Background(), hungDeadline)
 				}
-			}
-			if got := ic.Breakers().Get(testserver.Target, testserver.MethodUnary).State(); got != breaker.Open {
-				t.Errorf("breaker %v after %d calls timed out on a hung server, want open", got, trip)
-			}
-			n := srv.Requests()
-			ctx, cancel := context.WithTimeout(context.Background(), hungDeadline)
-			defer cancel()
-			if err := k.call(ctx, c, "hang"); !errors.Is(err, breaker.ErrOpen) {
-				t.Errorf("call %d: got %v, want it refused with breaker.ErrOpen", trip+1, err)
-			}
-			if got := srv.Requests() - n; got != 0 {
-				t.Errorf("call %d reached the server %d times, want 0", trip+1, got)
-			}
-		})
+				if deadline == "Policy.Timeout" {
+					opts = append(opts, WithPolicy(policy.Policy{Timeout: hungDeadline}))
+					callCtx = func() (context.Context, context.CancelFunc) {
+						return context.WithTimeout(context.Background(), 100*hungDeadline) // far beyond the policy's
+					}
+				}
+				c, ic := streamClient(t, srv, opts...)
+				for i := range trip {
+					ctx, cancel := callCtx()
+					err := k.call(ctx, c, "hang")
+					cancel()
+					if status.Code(err) != codes.DeadlineExceeded {
+						t.Fatalf("call %d: got %v, want DeadlineExceeded", i+1, err)
+					}
+				}
+				if got := ic.Breakers().Get(testserver.Target, testserver.MethodUnary).State(); got != breaker.Open {
+					t.Errorf("breaker %v after %d calls timed out on a hung server, want open", got, trip)
+				}
+				n := srv.Requests()
+				ctx, cancel := callCtx()
+				defer cancel()
+				if err := k.call(ctx, c, "hang"); !errors.Is(err, breaker.ErrOpen) {
+					t.Errorf("call %d: got %v, want it refused with breaker.ErrOpen", trip+1, err)
+				}
+				if got := srv.Requests() - n; got != 0 {
+					t.Errorf("call %d reached the server %d times, want 0", trip+1, got)
+				}
+			})
+		}
 	}
 }
 
