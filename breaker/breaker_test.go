@@ -310,6 +310,36 @@ func TestGroupScopes(t *testing.T) {
 	}
 }
 
+// Finding a breaker again, whether the scope is the last one found or
+// another, gives the same breaker and allocates nothing.
+func TestGroupGetAlternating(t *testing.T) {
+	g, _ := breaker.NewGroup(breaker.Settings{Scope: breaker.PerMethod})
+	scopes := [][2]string{{"t1", "/s.S/A"}, {"t1", "/s.S/B"}, {"t2", "/s.S/A"}, {"t1", "/s.S/A"}}
+	first := map[[2]string]*breaker.Breaker{}
+	for range 3 {
+		for _, sc := range scopes {
+			b := g.Get(sc[0], sc[1])
+			if want, ok := first[sc]; ok && b != want {
+				t.Fatalf("Get%q gave another breaker than the first time", sc)
+			}
+			first[sc] = b
+			if b.Scope() != sc[0]+sc[1] {
+				t.Errorf("Get%q: scope %q", sc, b.Scope())
+			}
+		}
+	}
+	if len(first) != 3 || first[scopes[0]] == first[scopes[1]] || first[scopes[0]] == first[scopes[2]] {
+		t.Errorf("want 3 distinct breakers for 3 scopes, got %v", first)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		for _, sc := range scopes {
+			g.Get(sc[0], sc[1])
+		}
+	}); n != 0 {
+		t.Errorf("Get of existing scopes, alternating: %v allocations, want 0", n)
+	}
+}
+
 func TestGroupConcurrentGet(t *testing.T) {
 	g, _ := breaker.NewGroup(breaker.Settings{})
 	got := make([]*breaker.Breaker, 64)
