@@ -558,52 +558,58 @@ func (s *retryStream) SendMsg(m any) error {
 	if s.hedge != nil && !s.committed && !s.finished {
 		return s.hedgeSendLocked(m)
 	}
-	for {
-		a := s.a
-		if s.committed || s.finished {
+	var (
+		err, end, ret error
+		headers       bool
+	)
+	if rerr := s.withRetry(
+		func(a *streamAttempt) bool {
+			if !s.committed && !s.finished {
+				return false
+			}
 			s.mu.Unlock()
-			return s.sendCommitted(a, m)
-		}
-		s.mu.Unlock()
-		err := a.cs.SendMsg(m)
-		var (
-			end     error
-			headers bool
-		)
-		if err == io.EOF {
-			end, headers = a.learnEnd()
-		}
-		s.mu.Lock()
-		if a != s.a {
-			continue // another goroutine moved the stream on: send there
-		}
-		switch {
-		case err == nil:
-			s.sent++
-			s.bufferLocked(m)
-			s.mu.Unlock()
-			return nil
-		case err != io.EOF:
-			// The client's own error (encoding, size, SendMsg after
-			// CloseSend): gRPC ends the stream with it, and so do we. It
-			// says nothing of the server.
-			a.clientErr = true
-			s.finishUnlock(err, true)
-			return err
-		case s.committed || s.finished || headers || end == io.EOF:
-			// The server answered this attempt, or the stream committed or
-			// ended meanwhile: the stream stays with it, and RecvMsg tells
-			// how it ended.
-			s.answered = s.answered || headers || end == io.EOF
-			s.commitLocked(false)
-			s.mu.Unlock()
-			return io.EOF
-		}
-		if rerr := s.retryLocked(a, end); rerr != nil {
-			s.finishUnlock(rerr, true)
-			return io.EOF // RecvMsg reports the stream's status
-		}
+			ret = s.sendCommitted(a, m)
+			return true
+		},
+		func(a *streamAttempt) {
+			err, end, headers = a.cs.SendMsg(m), nil, false
+			if err == io.EOF {
+				end, headers = a.learnEnd()
+			}
+		},
+		func(a *streamAttempt) (step, error) {
+			switch {
+			case a != s.a:
+				return stepAgain, nil // another goroutine moved the stream on: send there
+			case err == nil:
+				s.sent++
+				s.bufferLocked(m)
+				s.mu.Unlock()
+				return stepDone, nil
+			case err != io.EOF:
+				// The client's own error (encoding, size, SendMsg after
+				// CloseSend): gRPC ends the stream with it, and so do we.
+				// It says nothing of the server.
+				a.clientErr = true
+				s.finishUnlock(err, true)
+				ret = err
+				return stepDone, nil
+			case s.committed || s.finished || headers || end == io.EOF:
+				// The server answered this attempt, or the stream committed
+				// or ended meanwhile: the stream stays with it, and RecvMsg
+				// tells how it ended.
+				s.answered = s.answered || headers || end == io.EOF
+				s.commitLocked(false)
+				s.mu.Unlock()
+				ret = io.EOF
+				return stepDone, nil
+			}
+			return stepRetry, end
+		},
+	); rerr != nil {
+		return io.EOF // RecvMsg reports the stream's status
 	}
+	return ret
 }
 
 // sendCommitted sends on a committed or finished stream.
@@ -642,47 +648,52 @@ func (s *retryStream) sendCommitted(a *streamAttempt, m any) error {
 func (s *retryStream) RecvMsg(m any) error {
 	s.waitHedged()
 	s.mu.Lock()
-	for {
-		a := s.a
-		if s.finished && (!s.committed || a.cs == nil) {
-			err := s.finalLocked()
-			s.mu.Unlock()
-			s.ended.Wait()
-			return err
-		}
-		if s.committed {
-			s.mu.Unlock()
-			return s.recvCommitted(a, m)
-		}
-		s.mu.Unlock()
-		err := a.recv(m)
-		s.mu.Lock()
-		if err == nil {
-			s.received++
-			if a == s.a {
-				s.answeredLocked()
-			}
-			if !s.desc.ServerStreams {
-				s.finishUnlock(nil, true) // gRPC read the one response to the end
-			} else {
+	var err, ret error
+	if rerr := s.withRetry(
+		func(a *streamAttempt) bool {
+			switch {
+			case s.finished && (!s.committed || a.cs == nil):
+				ret = s.finalLocked()
 				s.mu.Unlock()
+				s.ended.Wait()
+			case s.committed:
+				s.mu.Unlock()
+				ret = s.recvCommitted(a, m)
+			default:
+				return false
 			}
-			return nil
-		}
-		if a != s.a || s.finished {
-			continue // another goroutine moved the stream on
-		}
-		if s.committed || err == io.EOF {
-			// It ended OK, or it committed meanwhile (Context, Trailer): no
-			// retry.
-			s.mu.Unlock()
-			return s.recvDone(err)
-		}
-		if rerr := s.retryLocked(a, err); rerr != nil {
-			s.finishUnlock(rerr, true)
-			return rerr
-		}
+			return true
+		},
+		func(a *streamAttempt) { err = a.recv(m) },
+		func(a *streamAttempt) (step, error) {
+			switch {
+			case err == nil:
+				s.received++
+				if a == s.a {
+					s.answeredLocked()
+				}
+				if !s.desc.ServerStreams {
+					s.finishUnlock(nil, true) // gRPC read the one response to the end
+				} else {
+					s.mu.Unlock()
+				}
+				ret = nil
+				return stepDone, nil
+			case a != s.a || s.finished:
+				return stepAgain, nil // another goroutine moved the stream on
+			case s.committed || err == io.EOF:
+				// It ended OK, or it committed meanwhile (Context, Trailer):
+				// no retry.
+				s.mu.Unlock()
+				ret = s.recvDone(err)
+				return stepDone, nil
+			}
+			return stepRetry, err
+		},
+	); rerr != nil {
+		return rerr
 	}
+	return ret
 }
 
 // recvCommitted receives on a committed stream. It receives through the
@@ -729,52 +740,104 @@ func (s *retryStream) finalLocked() error {
 func (s *retryStream) Header() (metadata.MD, error) {
 	s.waitHedged()
 	s.mu.Lock()
-	for {
-		a := s.a
-		if s.committed || s.finished {
+	var (
+		md, retMD metadata.MD
+		err, end  error
+		retErr    error
+	)
+	if rerr := s.withRetry(
+		func(a *streamAttempt) bool {
+			if !s.committed && !s.finished {
+				return false
+			}
 			s.mu.Unlock()
 			if a.cs == nil {
-				return nil, nil
+				return true
 			}
-			md, err := a.cs.Header()
-			if md != nil {
+			retMD, retErr = a.cs.Header()
+			if retMD != nil {
 				s.mu.Lock()
 				s.answeredLocked()
 				s.mu.Unlock()
 			}
-			return md, err
+			return true
+		},
+		func(a *streamAttempt) {
+			md, err = a.cs.Header()
+			end = nil
+			if md == nil {
+				end = err
+				if end == nil {
+					end, _ = a.learnEnd()
+				}
+			}
+		},
+		func(a *streamAttempt) (step, error) {
+			switch {
+			case a != s.a || s.finished:
+				return stepAgain, nil
+			case md != nil:
+				s.answeredLocked()
+				s.mu.Unlock()
+				retMD = md
+				return stepDone, nil
+			case s.committed || end == io.EOF:
+				// A trailers-only OK, or the stream committed meanwhile: it
+				// is over, and RecvMsg tells how.
+				if end == io.EOF {
+					s.answeredLocked()
+					end = nil
+				}
+				s.finishUnlock(end, true)
+				return stepDone, nil
+			}
+			return stepRetry, end
+		},
+	); rerr != nil {
+		return nil, nil // RecvMsg reports the error
+	}
+	return retMD, retErr
+}
+
+// step is what a stream operation's judge tells withRetry.
+type step int
+
+const (
+	stepDone  step = iota // the operation is over: its result is set, the lock released
+	stepAgain             // the stream moved on meanwhile: run it again on the current attempt
+	stepRetry             // the attempt ended with the error given: retry the stream
+)
+
+// withRetry is the one loop every stream operation (SendMsg, RecvMsg,
+// Header) runs until the stream commits, as grpc-go's clientStream runs
+// its operations: the caller holds the lock. Each turn, committed (under
+// the lock) handles a stream that has committed or ended, and reports true
+// once it has, with the lock released; otherwise run runs the operation on
+// the current attempt outside the lock, and judge, under it again, says
+// whether it is done, must run again, or ended the attempt. An ended
+// attempt goes to retryLocked, the one function that decides, waits,
+// opens and replays the next. withRetry returns the stream's final error,
+// having finished the stream, when the retry ended it; nil otherwise. It
+// returns with the lock released.
+func (s *retryStream) withRetry(committed func(a *streamAttempt) bool, run func(a *streamAttempt), judge func(a *streamAttempt) (step, error)) error {
+	for {
+		a := s.a
+		if committed(a) {
+			return nil
 		}
 		s.mu.Unlock()
-		md, err := a.cs.Header()
-		var end error
-		if md == nil {
-			end = err
-			if end == nil {
-				end, _ = a.learnEnd()
-			}
-		}
+		run(a)
 		s.mu.Lock()
-		if a != s.a || s.finished {
+		st, end := judge(a)
+		switch st {
+		case stepDone:
+			return nil
+		case stepAgain:
 			continue
-		}
-		if md != nil {
-			s.answeredLocked()
-			s.mu.Unlock()
-			return md, nil
-		}
-		if s.committed || end == io.EOF {
-			// A trailers-only OK, or the stream committed meanwhile: it is
-			// over, and RecvMsg tells how.
-			if end == io.EOF {
-				s.answeredLocked()
-				end = nil
-			}
-			s.finishUnlock(end, true)
-			return nil, nil
 		}
 		if rerr := s.retryLocked(a, end); rerr != nil {
 			s.finishUnlock(rerr, true)
-			return nil, nil // RecvMsg reports the error
+			return rerr
 		}
 	}
 }
