@@ -10,6 +10,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
@@ -175,15 +176,43 @@ func TestOverloadShedsAttempt(t *testing.T) {
 }
 
 // Streams ask the controller too: a stream opened while the controller
-// paces is held for its token, then works.
+// paces is held for its token, then works. Its attempt records when it
+// asked and when it went, which a time-out at its deadline is judged by
+// (TestOverloadTimeoutAtTheEdgeOfItsDeadline); one opened while calm reads
+// no clock.
 func TestOverloadHoldsAStream(t *testing.T) {
 	rec, tp := newRecorder()
-	_, c, _ := overloaded(t, 3, WithTracerProvider(tp))
+	clk, c, ic := overloaded(t, 3, WithTracerProvider(tp))
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	s, err := c.StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !ic.controllerFor(testserver.Target).Pacing() {
+		t.Fatal("the controller stopped pacing")
+	}
+	// Held for the probe's token, an interval later on the fake clock.
+	if asked, sent := attemptTimes(t, s); !sent.Equal(clk.Now()) || sent.Sub(asked) != overload.DefaultInterval {
+		t.Errorf("paced stream's attempt: asked %v, sent %v (the clock now %v); want it sent now, held %v",
+			asked, sent, clk.Now(), overload.DefaultInterval)
+	}
+	srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *grpc_testing.StreamingOutputCallRequest, ss grpc_testing.TestService_StreamingOutputCallServer) error {
+		return nil
+	}})
+	calm, err := New(withClock(clk), WithoutBreaker())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := srv.Client(t, calm.DialOptions()...).StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if asked, sent := attemptTimes(t, cs); !asked.IsZero() || !sent.IsZero() {
+		t.Errorf("calm stream's attempt: asked %v, sent %v; want neither read", asked, sent)
+	}
+	if _, err := recvAll(cs.Recv); err != nil {
+		t.Fatalf("calm stream: %v", err)
 	}
 	if _, err := recvAll(s.Recv); err != nil {
 		t.Fatalf("held stream: %v", err)
@@ -599,3 +628,20 @@ type fakeDeadline struct {
 }
 
 func (c fakeDeadline) Deadline() (time.Time, bool) { return c.at, true }
+
+// attemptTimes returns when the current attempt of stream cs, made by
+// herdguard's interceptor, asked the overload controller and when it went.
+func attemptTimes(t *testing.T, cs grpc_testing.TestService_StreamingOutputCallClient) (asked, sent time.Time) {
+	t.Helper()
+	g, ok := cs.(*grpc.GenericClientStream[grpc_testing.StreamingOutputCallRequest, grpc_testing.StreamingOutputCallResponse])
+	if !ok {
+		t.Fatalf("stream %T is not gRPC's generated one", cs)
+	}
+	rs, ok := g.ClientStream.(*retryStream)
+	if !ok {
+		t.Fatalf("stream %T is not herdguard's", cs)
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.a.asked, rs.a.sent
+}
