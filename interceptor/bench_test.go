@@ -27,11 +27,17 @@ func nopInvoker(context.Context, string, any, any, *grpc.ClientConn, ...grpc.Cal
 }
 
 func benchInterceptorAlone(b *testing.B, opts ...Option) {
+	benchInterceptorAloneCalled(b, nil, opts...)
+}
+
+// benchInterceptorAloneCalled is benchInterceptorAlone for calls made with
+// callOpts.
+func benchInterceptorAloneCalled(b *testing.B, callOpts []grpc.CallOption, opts ...Option) {
 	u, cc := alone(b, opts...)
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := u(ctx, testserver.MethodUnary, nil, nil, cc, nopInvoker); err != nil {
+		if err := u(ctx, testserver.MethodUnary, nil, nil, cc, nopInvoker, callOpts...); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -46,6 +52,10 @@ func BenchmarkUnaryAlone(b *testing.B) {
 	})
 	b.Run("retry/tracing=off", func(b *testing.B) {
 		benchInterceptorAlone(b, WithTracerProvider(noop.NewTracerProvider()), WithoutBreaker())
+	})
+	// As generated clients call: with grpc.StaticMethod.
+	b.Run("retry+breaker/static-method/tracing=off", func(b *testing.B) {
+		benchInterceptorAloneCalled(b, []grpc.CallOption{grpc.StaticMethod()}, WithTracerProvider(noop.NewTracerProvider()))
 	})
 	b.Run("retry+breaker/tracing=global-unset", func(b *testing.B) {
 		benchInterceptorAlone(b)

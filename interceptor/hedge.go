@@ -115,7 +115,8 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 	h.c, h.ctx = *c, ctx
 	h.hedgeRules = c.ic.hedgeRulesFor(c.p, c.method, targetOf(c.cc), c.lim, c.breaker, maxAttempts)
 	h.attempts = h.inline[:0]
-	h.opts, h.want = splitCatchers(c.buf.opts[:len(c.buf.opts)-catchers])
+	n := len(c.buf.opts) - catchers
+	h.opts, h.want = splitCatchers(c.buf.opts[:n:n]) // capped, as in attempt
 	h.catch = c.p.nonFatal != 0 || h.throttle != nil || h.want.header != nil || h.want.trailer != nil
 	if m, ok := c.reply.(proto.Message); ok {
 		h.replyType = m.ProtoReflect().Type()

@@ -167,7 +167,7 @@ func New(opts ...Option) (*Interceptor, error) {
 		ic.overload = &s
 	}
 	ic.tracing.init(c.tp)
-	ic.buffers.New = func() any { return new(attemptBuffer) }
+	ic.buffers.New = newAttemptBuffer
 	ic.hedgeCalls.New = newHedgeCall
 	for name, p := range c.methods {
 		if strings.HasSuffix(name, "/") {

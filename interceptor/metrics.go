@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
@@ -180,12 +181,13 @@ func (m *metering) held(ctx context.Context, method string, seconds float64, she
 	m.heldFor.Record(ctx, seconds, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), AttrShed.Bool(shed)))
 }
 
-// attempt counts an attempt: retry is true for every attempt after a
+// attempt counts an attempt that ended with err: retry is true for every attempt after a
 // call's first, hedge for those that were hedges.
-func (m *metering) attempt(ctx context.Context, method string, code codes.Code, retry, hedge bool) {
+func (m *metering) attempt(ctx context.Context, method string, err error, retry, hedge bool) {
 	if m.attempts == nil || !m.attempts.Enabled(ctx) {
 		return
 	}
+	code := status.Code(err)
 	if !herdguard.IsKnownCode(code) {
 		// Any number can come as a status; the attribute names it UNKNOWN,
 		// and one key for all keeps the map as small as the attribute's

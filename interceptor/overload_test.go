@@ -593,7 +593,7 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 				ctx, asked := fakeDeadline{expired, sent.Add(tc.left)}, sent.Add(-tc.held)
 				switch kind {
 				case "unary":
-					attemptDoneIn(ctx, ctl, attemptEnd{err: timedOut, timedOut: tc.perAttempt}, clk, asked, sent)
+					attemptDoneIn(ctx, ctl, &attemptEnd{err: timedOut, timedOut: tc.perAttempt}, clk, asked, sent)
 				case "stream":
 					// A stream no answer had come for when its deadline
 					// passed.

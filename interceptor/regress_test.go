@@ -1213,3 +1213,48 @@ func TestRegressNilClientConn(t *testing.T) {
 		t.Errorf("stream with no connection: %v, want the streamer's PermissionDenied", err)
 	}
 }
+
+// TestRegressLaterInterceptorAppendsOption: an interceptor chained after
+// herdguard may append to the call options it is given (many add
+// WaitForReady, or a per-call credential). The options herdguard passes
+// come from a pooled buffer, which also holds the catchers the next call
+// uses to see response headers (gRFC A6's commit rule); an append must
+// not write over them. Each round makes a call that may not be retried
+// (its one attempt carries no catchers), then a call whose server sends
+// headers before it fails: that call is committed, one attempt.
+func TestRegressLaterInterceptorAppendsOption(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{
+		Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+			if err := grpc.SendHeader(ctx, metadata.Pairs("k", "v")); err != nil {
+				return nil, err
+			}
+			return nil, status.Error(codes.Unavailable, "regress: down after headers")
+		},
+		Empty: func(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) { return &testgrpc.Empty{}, nil },
+	})
+	ic, err := New(withClock(newFakeClock()), withRand(fixedRand(0.5)), WithoutBreaker(),
+		WithPolicy(policy.Policy{MaxAttempts: 3, RetryableCodes: []codes.Code{codes.Unavailable}}),
+		WithMethodPolicy(testserver.MethodEmpty, policy.Policy{MaxAttempts: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendOption := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		return invoker(ctx, method, req, reply, cc, append(opts, grpc.WaitForReady(false))...)
+	}
+	// Invoked with no call options (generated code passes
+	// grpc.StaticMethod), so that the attempts carry herdguard's alone.
+	cc := srv.Dial(t, append(ic.DialOptions(), grpc.WithChainUnaryInterceptor(appendOption))...)
+	for i := range 50 {
+		if err := cc.Invoke(ctxT(t), testserver.MethodEmpty, &testgrpc.Empty{}, &testgrpc.Empty{}); err != nil {
+			t.Fatalf("round %d: EmptyCall: %v", i, err)
+		}
+		n := srv.Requests()
+		err := cc.Invoke(ctxT(t), testserver.MethodUnary, &testgrpc.SimpleRequest{}, &testgrpc.SimpleResponse{})
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("round %d: got %v, want Unavailable", i, err)
+		}
+		if got := srv.Requests() - n; got != 1 {
+			t.Fatalf("round %d: a call whose server sent headers made %d attempts, want 1 (committed)", i, got)
+		}
+	}
+}

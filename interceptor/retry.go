@@ -16,7 +16,7 @@ import (
 type backoffState struct {
 	prev    time.Duration // the last wait, for decorrelated jitter
 	retries int           // retries since the start or the last pushback
-	timer   timer         // made on the first wait, then reset
+	timer   *timer        // where the call keeps its timer: made on the first wait, then reset
 
 	method string
 	lim    *limits // the target's budgets; nil when none is on
@@ -179,7 +179,7 @@ func (ic *Interceptor) pause(ctx context.Context, tracer trace.Tracer, bs *backo
 	if tracer != nil {
 		span = startBackoff(ctx, tracer, next, float64(d.wait)/float64(time.Millisecond), d.jitter)
 	}
-	waited := ic.wait(ctx.Done(), d.wait, &bs.timer)
+	waited := ic.wait(ctx.Done(), d.wait, bs.timer)
 	if span != nil {
 		span.End()
 	}

@@ -97,6 +97,7 @@ type retryStream struct {
 	attempts     int
 	numbers      retryNumbers
 	bs           backoffState
+	waitTimer    timer // bs.timer: the backoff's timer, made on the first wait
 	committed    bool
 	answered     bool // the server answered the current attempt (headers, a message, or an OK end)
 	overflow     bool
@@ -223,7 +224,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		}
 		s.breakerChangedLocked() // admission may have moved an open breaker to half-open
 	}
-	s.bs.method, s.bs.lim = method, ic.limitsFor(target)
+	s.bs.method, s.bs.lim, s.bs.timer = method, ic.limitsFor(target), &s.waitTimer
 	s.ctl = ic.controllerFor(target)
 	s.bs.unsafe = ic.idempotentOnly && !ic.safeToRetry(method)
 	s.ctx = ic.withIdempotencyKey(s.ctx)

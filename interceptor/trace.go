@@ -223,7 +223,7 @@ func startAttempt(ctx context.Context, tr trace.Tracer, method string, attempt i
 // and ends its span (nil when tracing is off). hedge says the attempt was a
 // hedge, and won that its answer decided a hedged call.
 func (ic *Interceptor) attemptEnded(ctx context.Context, method string, span trace.Span, n int, err error, hedge, won bool) {
-	ic.metering.attempt(ctx, method, status.Code(err), n > 1, hedge)
+	ic.metering.attempt(ctx, method, err, n > 1, hedge)
 	if hedge {
 		ic.metering.hedge(ctx, method, won)
 	}

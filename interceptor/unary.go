@@ -35,14 +35,63 @@ func (ic *Interceptor) Unary() grpc.UnaryClientInterceptor { return ic.unary }
 // committed, gRFC A6) and for the trailer (where a pushback would be). It is
 // pooled so that a call allocates nothing for it.
 type attemptBuffer struct {
+	// opts is the call's options for its attempts: the caller's, then the
+	// catchers. Without options of the caller's it is catch itself; with
+	// some, they are copied into copied.
 	opts    []grpc.CallOption
+	copied  []grpc.CallOption
+	catch   [catchers]grpc.CallOption // made with the buffer, for its own header and trailer
 	header  metadata.MD
 	trailer metadata.MD
-	peer    peer.Peer // set when the attempt reached a server (WithIdempotentOnly)
+	peer    peer.Peer // set when the attempt reached a server (WithIdempotentOnly); else unused
 	timer   timer     // made on the first wait, then reset
 	// skipped is the backoff wait a retry skipped to wait in the overload
 	// controller's line (see inLine); set whenever it is read.
 	skipped decision
+}
+
+// copy makes b.opts the caller's opts, then (for a call that is not safe
+// to retry) a catcher of the peer, then b.catch. The copies are written one
+// by one: calls carry few options (generated code passes one), too few for
+// the runtime's bulk copy and clear to pay.
+func (b *attemptBuffer) copy(opts []grpc.CallOption, catchPeer bool) {
+	n := len(opts)
+	if catchPeer {
+		n++
+	}
+	if cap(b.copied) < n+catchers {
+		b.copied = make([]grpc.CallOption, n+catchers)
+	}
+	o := b.copied[: n+catchers : n+catchers] // capped: see attempt
+	for i := 0; i < len(opts); i++ {
+		o[i] = opts[i]
+	}
+	if catchPeer {
+		o[n-1] = grpc.Peer(&b.peer)
+	}
+	for i, c := range b.catch {
+		o[n+i] = c
+	}
+	b.opts = o
+}
+
+// clearCopied drops what copy copied of the caller's, so that the pooled
+// buffer keeps nothing of the call's: n options, and the peer if caught.
+// The catchers, which point into b, stay.
+func (b *attemptBuffer) clearCopied(n int, peerCaught bool) {
+	for i := 0; i < n; i++ {
+		b.copied[i] = nil
+	}
+	if peerCaught {
+		b.copied[n] = nil
+		b.peer = peer.Peer{}
+	}
+}
+
+func newAttemptBuffer() any {
+	b := new(attemptBuffer)
+	b.catch = [catchers]grpc.CallOption{grpc.Header(&b.header), grpc.Trailer(&b.trailer)}
+	return b
 }
 
 // catchers is how many options at the end of attemptBuffer.opts catch the
@@ -110,11 +159,12 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	ctx = ic.withIdempotencyKey(ctx)
 	unsafe := ic.idempotentOnly && !ic.safeToRetry(method)
 	buf := ic.buffers.Get().(*attemptBuffer)
-	buf.opts = append(buf.opts[:0], opts...)
-	if unsafe {
-		buf.opts = append(buf.opts, grpc.Peer(&buf.peer))
+	copied := len(opts) > 0 || unsafe
+	if !copied {
+		buf.opts = buf.catch[:] // nothing to copy, nor to clear after
+	} else {
+		buf.copy(opts, unsafe)
 	}
-	buf.opts = append(buf.opts, grpc.Header(&buf.header), grpc.Trailer(&buf.trailer)) // last: see attempt
 	target := targetOf(cc)
 	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf,
 		lim: ic.limitsFor(target), ctl: ic.controllerFor(target), unsafe: unsafe}
@@ -164,8 +214,10 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		}
 	}
 
-	clear(buf.opts)
-	buf.opts, buf.header, buf.trailer, buf.peer = buf.opts[:0], nil, nil, peer.Peer{}
+	if copied {
+		buf.clearCopied(len(opts), unsafe)
+	}
+	buf.opts, buf.header, buf.trailer = nil, nil, nil
 	ic.buffers.Put(buf)
 	if span != nil {
 		if c.hedged && maxAttempts > 1 {
@@ -222,14 +274,14 @@ func (ic *Interceptor) verdict(ctx context.Context, err error, idle bool) herdgu
 // call's error. It sets c.attempts, c.outcome and c.idle.
 func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	var (
-		bs      = backoffState{timer: c.buf.timer, method: c.method, lim: c.lim, unsafe: c.unsafe}
+		bs      = backoffState{timer: &c.buf.timer, method: c.method, lim: c.lim, unsafe: c.unsafe}
 		numbers retryNumbers
 	)
-	defer func() { c.buf.timer = bs.timer }()
 	bs.started()
 	var (
 		last error // the last attempt's error
-		back bool  // this attempt waits at the back of the controller's line
+		end  attemptEnd
+		back bool // this attempt waits at the back of the controller's line
 	)
 	for attempt := 1; ; attempt++ {
 		if back && !c.ctl.Pacing() {
@@ -261,11 +313,11 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		// follow, and, with throttling, on the last too: gRPC counts a
 		// refused pushback, and no failure after headers, for throttling.
 		catch := attempt < maxAttempts || c.lim != nil && c.lim.throttle != nil
-		end := c.attempt(actx, attempt, catch)
+		c.attempt(actx, attempt, catch, &end)
 		if c.ctl != nil && live {
 			// An attempt whose context was over before it went out was
 			// never sent: it says nothing of the server's load.
-			attemptDoneIn(ctx, c.ctl, end, c.ic.clock, asked, sent)
+			attemptDoneIn(ctx, c.ctl, &end, c.ic.clock, asked, sent)
 		}
 		last = end.err
 		if end.err == nil {
@@ -304,15 +356,15 @@ func (c *unaryCall) notSent(ctx context.Context, n int, last, err error) error {
 	return err
 }
 
-// attempt sends attempt n. An attempt under a PerAttemptTimeout has timedOut
-// set on any DeadlineExceeded: gRPC sends that deadline to the server too,
-// and the server's copy, rounded down on the wire, can end the attempt
-// first.
+// attempt sends attempt n and says in *end how it ended. An attempt under
+// a PerAttemptTimeout has timedOut set on any DeadlineExceeded: gRPC sends
+// that deadline to the server too, and the server's copy, rounded down on
+// the wire, can end the attempt first.
 //
 // The header and trailer are caught only when catch is true: gRPC copies
 // them for every attempt that asks.
-func (c *unaryCall) attempt(ctx context.Context, n int, catch bool) attemptEnd {
-	end := attemptEnd{n: n}
+func (c *unaryCall) attempt(ctx context.Context, n int, catch bool, end *attemptEnd) {
+	*end = attemptEnd{n: n}
 	if d := c.p.p.PerAttemptTimeout; d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d)
@@ -323,10 +375,16 @@ func (c *unaryCall) attempt(ctx context.Context, n int, catch bool) attemptEnd {
 	if c.tracer != nil {
 		ctx, span = startAttempt(ctx, c.tracer, c.method, n)
 	}
-	c.buf.header, c.buf.trailer, c.buf.peer = nil, nil, peer.Peer{}
+	c.buf.header, c.buf.trailer = nil, nil
+	if c.unsafe {
+		c.buf.peer = peer.Peer{} // only caught for unsafe calls
+	}
 	opts := c.buf.opts
 	if !catch {
-		opts = opts[:len(opts)-catchers]
+		// Capped: an interceptor after this one that appends to its
+		// options must not write over the buffer's catchers.
+		n := len(opts) - catchers
+		opts = opts[:n:n]
 	}
 	end.err = c.invoker(ctx, c.method, c.req, c.reply, c.cc, opts...)
 	c.ic.attemptEnded(ctx, c.method, span, n, end.err, false, false)
@@ -336,5 +394,4 @@ func (c *unaryCall) attempt(ctx context.Context, n int, catch bool) attemptEnd {
 		end.reached = !c.unsafe || c.buf.peer.Addr != nil
 		end.client = clientSide(end.err)
 	}
-	return end
 }
