@@ -130,6 +130,50 @@ func TestIdempotentOnlyRetriesWhatNeverLeft(t *testing.T) {
 	}
 }
 
+// TestIdempotentOnlyForgetsThePeerOfTheCallBefore: whether an attempt
+// reached a server is read from the peer gRPC reports for it, caught into a
+// pooled buffer. A call that reached a server must leave nothing there for
+// the next: each round, a charge reaches a server and fails (1 attempt),
+// then a charge through the same interceptor to a target nothing listens on
+// must still be retried (3 attempts).
+func TestIdempotentOnlyForgetsThePeerOfTheCallBefore(t *testing.T) {
+	g := &gateway{keys: map[string][]string{}}
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	demov1.RegisterGatewayServiceServer(srv, g)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	ic, err := New(withClock(newFakeClock()), WithoutBreaker(), WithIdempotentOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func(dialer func(context.Context, string) (net.Conn, error)) demov1.GatewayServiceClient {
+		cc, err := grpc.NewClient("passthrough:///bufnet", append(ic.DialOptions(),
+			grpc.WithContextDialer(dialer), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return demov1.NewGatewayServiceClient(cc)
+	}
+	reached := dial(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) })
+	nowhere := dial(func(context.Context, string) (net.Conn, error) { return nil, net.ErrClosed })
+	for i := range 20 {
+		n := g.count("Charge")
+		if _, err := reached.Charge(ctxT(t), &demov1.ChargeRequest{AmountCents: 1}); status.Code(err) != codes.Unavailable {
+			t.Fatalf("round %d: charge to the server: %v", i, err)
+		}
+		if got := g.count("Charge") - n; got != 1 {
+			t.Fatalf("round %d: a charge reached the server %d times, want 1", i, got)
+		}
+		_, err := nowhere.Charge(ctxT(t), &demov1.ChargeRequest{AmountCents: 1})
+		var re *RetryError
+		if !errors.As(err, &re) || re.Attempts != 3 {
+			t.Fatalf("round %d: a charge to nowhere after one that reached a server: %v, want 3 attempts", i, err)
+		}
+	}
+}
+
 func TestIdempotencyKeyIsOnePerCall(t *testing.T) {
 	g, c := startGateway(t, WithIdempotencyKey("idempotency-key"))
 	ctx := ctxT(t)

@@ -181,8 +181,8 @@ func (m *metering) held(ctx context.Context, method string, seconds float64, she
 	m.heldFor.Record(ctx, seconds, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), AttrShed.Bool(shed)))
 }
 
-// attempt counts an attempt that ended with err: retry is true for every attempt after a
-// call's first, hedge for those that were hedges.
+// attempt counts an attempt that ended with err: retry is true for every
+// attempt after a call's first, hedge for those that were hedges.
 func (m *metering) attempt(ctx context.Context, method string, err error, retry, hedge bool) {
 	if m.attempts == nil || !m.attempts.Enabled(ctx) {
 		return

@@ -376,9 +376,6 @@ func (c *unaryCall) attempt(ctx context.Context, n int, catch bool, end *attempt
 		ctx, span = startAttempt(ctx, c.tracer, c.method, n)
 	}
 	c.buf.header, c.buf.trailer = nil, nil
-	if c.unsafe {
-		c.buf.peer = peer.Peer{} // only caught for unsafe calls
-	}
 	opts := c.buf.opts
 	if !catch {
 		// Capped: an interceptor after this one that appends to its
