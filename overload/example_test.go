@@ -29,7 +29,7 @@ func Example() {
 		send(false)
 	}
 	fmt.Println("pacing after answers:", ctl.Pacing())
-	for range overload.DefaultMinFailures {
+	for range 30 { // 30 of 40: clearly more than half
 		send(true)
 	}
 	fmt.Println("pacing after a burst of refusals:", ctl.Pacing())

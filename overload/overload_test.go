@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"strings"
@@ -161,7 +162,10 @@ func TestDetection(t *testing.T) {
 		{"fewer failures than MinFailures", 0, 19, false},
 		{"MinFailures, nothing answered", 0, 20, true},
 		{"failures just below the ratio", 21, 20, false},
-		{"failures at the ratio", 20, 20, true},
+		{"failures at the ratio, as chance makes them", 20, 20, false},
+		// 22 of 32: two standard deviations above half.
+		{"failures clearly above the ratio", 10, 22, true},
+		{"failures just short of that", 10, 21, false},
 		{"a herd over capacity 20", 20, 980, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -172,6 +176,129 @@ func TestDetection(t *testing.T) {
 				t.Errorf("pacing = %v, want %v", got, tc.pacing)
 			}
 		})
+	}
+}
+
+// Independent failures below the ratio start no pacing, also where the
+// rule is checked: at each refusal, against the answers so far. Without
+// the margin, a fresh client whose first 100 answers came at once with 30
+// % refused started pacing in about 1 % of such waves, and a server that
+// fails 30 % of a steady load's attempts was paced now and then.
+func TestIndependentFailuresStartNoPacing(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	answer := func(c *Controller, n int, share float64) {
+		for range n {
+			if rng.Float64() < share {
+				c.Done(Overloaded)
+			} else {
+				c.Done(Answered)
+			}
+		}
+	}
+	t.Run("waves of 100 to fresh clients", func(t *testing.T) {
+		paced := 0
+		for range 3000 {
+			c, _ := newController(t, Settings{})
+			answer(c, 100, 0.3)
+			if c.Pacing() {
+				paced++
+			}
+		}
+		if paced > 0 {
+			t.Errorf("%d of 3000 waves with 30 %% independent failures started pacing", paced)
+		}
+	})
+	t.Run("steady load", func(t *testing.T) {
+		for _, share := range []float64{0.2, 0.3} {
+			c, clk := newController(t, Settings{})
+			for i := range 3000 {
+				answer(c, 60, share)
+				clk.Advance(DefaultInterval)
+				if c.Pacing() {
+					t.Fatalf("%.0f %% independent failures: pacing after %d intervals of 60 answers", 100*share, i+1)
+				}
+			}
+		}
+	})
+}
+
+// A paced server whose failures are independent (30 % of its attempts
+// fail, whatever the load) gets its rate back and is no longer paced.
+// The refusals its share of independent failures explains are not load.
+// Before, each interval's refusals cut the rate to Headroom of the
+// answers, and the rate never grew again: one attempt per interval, the
+// line of 60 arrivals an interval growing for good.
+func TestIndependentFailuresEndThePacing(t *testing.T) {
+	c, clk := newController(t, Settings{})
+	rng := rand.New(rand.NewPCG(3, 5))
+	for range 20 { // 2 s of calm, the server failing 30 % on its own
+		report(c, Answered, 42)
+		report(c, Overloaded, 18)
+		clk.Advance(DefaultInterval)
+	}
+	if c.Pacing() {
+		t.Fatal("pacing on independent failures")
+	}
+	c.mu.Lock()
+	c.beginLocked(clk.Now()) // as a real overload, or chance, would
+	c.mu.Unlock()
+
+	var (
+		wg         sync.WaitGroup
+		mu         sync.Mutex
+		sent, lost int
+	)
+	// 6 attempts every 10 ms for 10 s, each with a long deadline.
+	ctx, cancel := context.WithDeadline(context.Background(), clk.Now().Add(time.Hour))
+	defer cancel()
+	const step, per, steps = 10 * time.Millisecond, 6, 1000
+	ended := -1
+	for i := range steps {
+		for range per {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := c.Acquire(ctx)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					lost++
+					return
+				}
+				sent++
+				if rng.Float64() < 0.3 {
+					c.Done(Overloaded)
+				} else {
+					c.Done(Answered)
+				}
+			}()
+		}
+		for j := 0; ; j++ { // every attempt of this step asked
+			mu.Lock()
+			n := sent + lost
+			mu.Unlock()
+			if n+c.State().Waiting == per*(i+1) {
+				break
+			}
+			if j > 1e7 {
+				t.Fatal("attempts neither sent nor waiting")
+			}
+			runtime.Gosched()
+		}
+		clk.Advance(step)
+		if ended < 0 && !c.Pacing() {
+			ended = i
+		}
+	}
+	cancel()
+	wg.Wait()
+	if ended < 0 {
+		st := c.State()
+		t.Fatalf("still pacing after 10 s: rate %.0f/s for 600 arrivals/s, %d waiting, %d sent", st.Rate, st.Waiting, sent)
+	}
+	t.Logf("pacing ended after %v; %d of %d sent, %d not", time.Duration(ended+1)*step, sent, per*steps, lost)
+	if lost > 0 {
+		t.Errorf("%d attempts never sent", lost)
 	}
 }
 
@@ -626,7 +753,7 @@ func herdCollapsed(t *testing.T) (*Controller, *fakeClock) {
 	t.Helper()
 	c, clk := newController(t, Settings{})
 	report(c, Answered, 10)
-	report(c, Overloaded, 20)
+	report(c, Overloaded, 30)
 	clk.Advance(DefaultInterval)
 	if st := c.State(); !st.Pacing || !c.collapsed.Load() {
 		t.Fatal("not collapsed after the herd")

@@ -22,11 +22,12 @@ type Settings struct {
 	// adjusts its rate at. 0 means DefaultInterval (100ms).
 	Interval time.Duration
 	// MinFailures and FailureRatio say when a calm target is overloaded:
-	// at least MinFailures overload failures within one Interval, and at
-	// least FailureRatio of that Interval's answered attempts. Independent
-	// failures below the ratio (a flaky network, a bad replica) are left to
-	// retries. 0 means DefaultMinFailures (20) and DefaultFailureRatio
-	// (0.5).
+	// at least MinFailures overload failures within one Interval, and
+	// every answer or more than FailureRatio of that Interval's answered
+	// attempts, by more than chance makes (two standard deviations).
+	// Independent failures well below the ratio (a flaky network, a bad
+	// replica) are left to retries. 0 means DefaultMinFailures (20) and
+	// DefaultFailureRatio (0.5).
 	MinFailures  int
 	FailureRatio float64
 	// Hold is how long the rate stays where a recovery put it before it
