@@ -448,7 +448,7 @@ func (c *Controller) advanceLocked(now time.Time) {
 				if r := c.calmRateLocked(ok, n, now); r > 0 {
 					c.known = r
 				}
-				c.baseAddLocked(fail, ok+fail, n)
+				c.baseAddLocked(fail, ok+fail, float64(n))
 			}
 			c.fail = 0
 			c.calmFromLocked(now)
@@ -657,10 +657,11 @@ func (c *Controller) baseLocked() float64 {
 	return c.baseFail / c.baseAll
 }
 
-// baseAddLocked counts fail refusals of n answers of an interval that was
-// not overloaded, k intervals after the last one counted.
-func (c *Controller) baseAddLocked(fail, n float64, k time.Duration) {
-	keep := math.Pow(baseKeep, float64(k))
+// baseAddLocked counts fail refusals of n answers of a calm stretch of k
+// intervals that was not overloaded: what was counted before weighs
+// baseKeep less for each of them.
+func (c *Controller) baseAddLocked(fail, n, k float64) {
+	keep := math.Pow(baseKeep, k)
 	c.baseFail = c.baseFail*keep + fail
 	c.baseAll = c.baseAll*keep + n
 }
