@@ -225,6 +225,9 @@ func (h *hedgeCall) run(a *hedgeAttempt) error {
 		a.start = c.ic.clock.Now()
 	}
 	a.live = ctx.Err() == nil
+	if c.ctl != nil && a.live {
+		c.ctl.Sent() // counted by Acquire instead while pacing
+	}
 	return c.invoker(ctx, c.method, c.req, a.reply, c.cc, a.opts...)
 }
 

@@ -388,7 +388,14 @@ func TestOverloadLearnsAnswerTimes(t *testing.T) {
 func TestOverloadAnswerSentWhileCalm(t *testing.T) {
 	clk := newFakeClock()
 	arrived, release := make(chan struct{}), make(chan struct{})
-	sc := fail(codes.Unavailable, codes.Unavailable, codes.Unavailable, codes.OK)
+	// 7 refusals of the 8 attempts sent (the slow one in flight) are
+	// more than half by two standard deviations.
+	const refusals = 7
+	script := make([]codes.Code, refusals+1)
+	for i := range refusals {
+		script[i] = codes.Unavailable
+	}
+	sc := fail(script...)
 	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, req *grpc_testing.SimpleRequest) (*grpc_testing.SimpleResponse, error) {
 		if req.GetResponseSize() == 1 { // the slow call, sent while calm
 			close(arrived)
@@ -411,7 +418,7 @@ func TestOverloadAnswerSentWhileCalm(t *testing.T) {
 		slow <- err
 	}()
 	<-arrived
-	for range 3 {
+	for range refusals {
 		if err := call(t, c); status.Code(err) != codes.Unavailable {
 			t.Fatalf("scripted failure: %v", err)
 		}
@@ -644,4 +651,94 @@ func attemptTimes(t *testing.T, cs grpc_testing.TestService_StreamingOutputCallC
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	return rs.a.asked, rs.a.sent
+}
+
+// A server that refuses a share of a wave at once and answers the rest a
+// little later shows the client only refusals at first. They are judged
+// against the attempts sent: 30 refusals of 100 are no overload, though
+// they came back before any answer. Before, the default controller started
+// pacing at the 20th refusal (every answer so far), and a fresh client of
+// a server failing 30 % of its attempts on its own held its next calls.
+func TestOverloadRefusalsAheadOfAnswers(t *testing.T) {
+	const calls, refused = 100, 30
+	for _, kind := range []string{"unary", "hedged unary", "server stream"} {
+		t.Run(kind, func(t *testing.T) {
+			var n sync.Mutex
+			seen := 0
+			release := make(chan struct{})
+			// 3 of every 10 arrivals are refused at once; the others
+			// wait for release.
+			refuse := func() bool {
+				n.Lock()
+				defer n.Unlock()
+				seen++
+				return seen%10 < 3
+			}
+			srv := testserver.Start(t, &testserver.Server{
+				Unary: func(ctx context.Context, _ *grpc_testing.SimpleRequest) (*grpc_testing.SimpleResponse, error) {
+					if refuse() {
+						return nil, status.Error(codes.Unavailable, "shed")
+					}
+					<-release
+					return &grpc_testing.SimpleResponse{}, nil
+				},
+				ServerStream: func(_ *grpc_testing.StreamingOutputCallRequest, ss grpc_testing.TestService_StreamingOutputCallServer) error {
+					if refuse() {
+						return status.Error(codes.Unavailable, "shed")
+					}
+					<-release
+					return ss.Send(&grpc_testing.StreamingOutputCallResponse{Payload: payload("0")})
+				}})
+			opts := []Option{withClock(newFakeClock()), WithoutBreaker(), WithPolicy(policy.Policy{MaxAttempts: 1})}
+			if kind == "hedged unary" {
+				// Real time, as the fake clock fires timers at once: no
+				// hedge goes within the test, and a refusal decides.
+				opts = []Option{WithoutBreaker(), WithPolicy(policy.Policy{Hedging: policy.Hedging{
+					MaxAttempts: 2, Delay: time.Hour, NonFatalCodes: []codes.Code{codes.Aborted}}})}
+			}
+			ic, err := New(opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := srv.Client(t, ic.DialOptions()...)
+			errs := make(chan error, calls)
+			var wg sync.WaitGroup
+			for range calls {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+					defer cancel()
+					if kind != "server stream" {
+						_, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{})
+						errs <- err
+						return
+					}
+					s, err := c.StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
+					if err == nil {
+						_, err = s.Recv()
+					}
+					errs <- err
+				})
+			}
+			for range refused {
+				if err := <-errs; status.Code(err) != codes.Unavailable {
+					t.Fatalf("before any answer: %v, want the refusals", err)
+				}
+			}
+			ctl := ic.controllerFor(testserver.Target)
+			if ctl.Pacing() {
+				t.Errorf("pacing after %d refusals of %d attempts sent", refused, calls)
+			}
+			close(release)
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Errorf("an answer: %v", err)
+				}
+			}
+			if st := ctl.State(); st.Pacing || st.Episodes != 0 {
+				t.Errorf("after the answers: %+v", st)
+			}
+		})
+	}
 }

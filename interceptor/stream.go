@@ -310,6 +310,9 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 	}
 	s.attempts++
 	a := &streamAttempt{n: s.attempts, live: s.ctx.Err() == nil, asked: asked, sent: sent}
+	if s.ctl != nil && a.live && sent.IsZero() {
+		s.ctl.Sent() // sent while calm: refusals are judged against it
+	}
 	if s.hedge != nil && s.hedge.window != nil { // latency is recorded only for a latency-aware delay
 		a.started = s.ic.clock.Now()
 	}

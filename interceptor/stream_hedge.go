@@ -117,6 +117,9 @@ func (s *retryStream) readyHedgeLocked() *streamAttempt {
 	s.attempts++
 	s.hedge.notBefore = time.Time{} // the pushback's wait is over
 	a := &streamAttempt{n: s.attempts, live: true}
+	if s.ctl != nil {
+		s.ctl.Sent() // a hedge goes only while the controller is calm
+	}
 	if s.hedge.window != nil {
 		a.started = s.ic.clock.Now()
 	}

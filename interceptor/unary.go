@@ -309,6 +309,9 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 			actx = numbers.context(ctx, attempt, maxAttempts)
 		}
 		live := ctx.Err() == nil
+		if c.ctl != nil && live && sent.IsZero() {
+			c.ctl.Sent() // sent while calm: refusals are judged against it
+		}
 		// The header and trailer are caught when another attempt may
 		// follow, and, with throttling, on the last too: gRPC counts a
 		// refused pushback, and no failure after headers, for throttling.

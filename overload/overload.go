@@ -2,21 +2,26 @@
 // server shows it is overloaded, and leaves them alone while it is not.
 //
 // A [Controller] knows counts and time, nothing of gRPC: the caller asks
-// [Controller.Acquire] before every attempt (first attempts included) and
+// [Controller.Acquire] before every attempt (first attempts included), or
+// reports it with [Controller.Sent] while [Controller.Pacing] is false, and
 // reports each attempt's [Outcome] with [Controller.Done] (or
 // [Controller.TimedOut], for one whose caller's deadline passed in flight).
 //
 // While the server answers, Acquire returns at once: it takes no lock and
 // allocates nothing. When, within one Interval, at least MinFailures
-// attempts fail with an overload signal and they are every answer, or more
-// than FailureRatio of the answers by two standard deviations, the controller
-// starts pacing: every attempt waits for a token, and tokens come at a
+// attempts fail with an overload signal and they are every attempt, or more
+// than FailureRatio of the attempts by two standard deviations, the
+// controller starts pacing: every attempt waits for a token, and tokens come at a
 // rate that follows what the server takes. Independent failures well below
 // the ratio are not overload and change nothing: the rule is checked at
-// every refusal, against the answers so far, and without the margin 30 %
+// every refusal, against the attempts so far, and without the margin 30 %
 // of independent failures started pacing in about 1 % of intervals by
 // chance (with it, none in the tests' 3000 waves; 40 % does, about once
-// in 200 intervals).
+// in 200 intervals). The attempts are those sent in the interval and those
+// of the last one still in flight, or its answers if they are more:
+// refusals often come back ahead of answers (a server sheds at once and
+// serves the rest), and judged against the answers alone, 30 refusals that
+// came back before 70 answers looked like an overload.
 //
 // The share of attempts a server fails on its own is learnt while it is
 // calm, from the intervals that were not overloaded. While pacing,
@@ -141,6 +146,10 @@ type Controller struct {
 	pacing    atomic.Bool
 	collapsed atomic.Bool  // pacing, and the last interval refused everything
 	ok        atomic.Int64 // answers in the current interval (while calm: since start)
+	// While calm: attempts sent in the current interval, and attempts of
+	// it that ended saying nothing (Ignored); see triggerCountLocked.
+	calmSent atomic.Int64
+	calmLost atomic.Int64
 	// While calm: the time of the first answer since start, and of the
 	// last calmBatch-th, in Unix nanoseconds (0: none yet), and the count
 	// of answers at that one; see calmRateLocked.
@@ -179,6 +188,9 @@ type Controller struct {
 	// overloaded, each interval's counts weighing baseKeep less for each
 	// interval since: see baseLocked.
 	baseFail, baseAll float64
+	// While calm: the attempts sent in the last interval that it did not
+	// answer, still in flight when the current one began.
+	carried float64
 }
 
 type waiter struct {
@@ -208,6 +220,7 @@ func New(s Settings) (*Controller, error) {
 // overload lasts, or until ctx is cancelled.
 func (c *Controller) Acquire(ctx context.Context) (time.Duration, error) {
 	if !c.pacing.Load() {
+		c.calmSent.Add(1)
 		return 0, nil
 	}
 	return c.acquire(ctx, false)
@@ -222,6 +235,7 @@ func (c *Controller) Acquire(ctx context.Context) (time.Duration, error) {
 // first, as its call is among the oldest.
 func (c *Controller) AcquireRetry(ctx context.Context) (time.Duration, error) {
 	if !c.pacing.Load() {
+		c.calmSent.Add(1)
 		return 0, nil
 	}
 	return c.acquire(ctx, true)
@@ -232,6 +246,7 @@ func (c *Controller) acquire(ctx context.Context, back bool) (time.Duration, err
 	now := c.s.Now()
 	c.advanceLocked(now)
 	if !c.pacing.Load() {
+		c.calmSent.Add(1)
 		c.mu.Unlock()
 		return 0, nil
 	}
@@ -281,6 +296,19 @@ func (c *Controller) acquire(ctx context.Context, back bool) (time.Duration, err
 // Pacing reports whether the controller is pacing attempts: the server has
 // shown it is overloaded. It takes no lock.
 func (c *Controller) Pacing() bool { return c.pacing.Load() }
+
+// Sent reports an attempt sent without asking Acquire because Pacing
+// reported false, as a caller that keeps the calm path short does: one
+// atomic load and one atomic add, and nothing while pacing (every attempt
+// then asks Acquire). The refusals that may start the pacing are judged
+// against the attempts sent, not only those answered: a server that fails
+// a share of its attempts at once and answers the rest a little later would
+// otherwise show only refusals at first, and look overloaded.
+func (c *Controller) Sent() {
+	if !c.pacing.Load() {
+		c.calmSent.Add(1)
+	}
+}
 
 // Answered is Done(Answered) without its switch: while calm it is one
 // atomic load and one atomic add (and two clock readings per 128 answers), and
@@ -349,10 +377,14 @@ func (c *Controller) Done(o Outcome) {
 		now := c.s.Now()
 		c.advanceLocked(now)
 		c.fail++
-		if !c.pacing.Load() && c.fail >= c.s.MinFailures && c.triggerLocked(float64(c.fail), float64(c.fail+int(c.ok.Load()))) {
+		if !c.pacing.Load() && c.fail >= c.s.MinFailures && c.triggerLocked(float64(c.fail), c.triggerCountLocked()) {
 			c.beginLocked(now)
 		}
 		c.mu.Unlock()
+	case Ignored:
+		if !c.pacing.Load() {
+			c.calmLost.Add(1)
+		}
 	}
 }
 
@@ -424,6 +456,11 @@ func (c *Controller) beginLocked(now time.Time) {
 func (c *Controller) endLocked() {
 	c.pacing.Store(false)
 	c.collapsed.Store(false)
+	// The calm counts start afresh: attempts sent while pacing were
+	// counted by Acquire, and answered within the episode.
+	c.calmSent.Store(0)
+	c.calmLost.Store(0)
+	c.carried = 0
 	for _, w := range c.line {
 		w.done = true
 		w.ready <- nil
@@ -445,13 +482,17 @@ func (c *Controller) advanceLocked(now time.Time) {
 			// Calm: whatever passed since the last failure is the
 			// throughput the server sustains (per interval), and its
 			// refusals are its share of independent failures.
-			if fail := float64(c.fail); fail == 0 || fail < c.s.FailureRatio*(ok+fail) {
+			fail := float64(c.fail)
+			if fail == 0 || fail < c.s.FailureRatio*(ok+fail) {
 				if r := c.calmRateLocked(ok, n, now); r > 0 {
 					c.known = r
 				}
 				c.baseAddLocked(fail, ok+fail, float64(n))
 			}
 			c.fail = 0
+			sent := c.calmSent.Load()
+			c.calmSent.Add(-sent) // keeps the attempts sent meanwhile
+			c.carried = max(0, float64(sent)-ok-fail-float64(c.calmLost.Swap(0)))
 			c.calmFromLocked(now)
 			return
 		}
@@ -639,13 +680,25 @@ const triggerMargin = 2
 // of independent failures for each interval since.
 const baseKeep = 0.95
 
-// triggerLocked reports whether fail refusals of n answers (at least
-// MinFailures) say that a calm server is overloaded: they are every answer,
-// or more than FailureRatio of them by triggerMargin standard deviations;
+// triggerLocked reports whether fail refusals of n attempts (at least
+// MinFailures; see triggerCountLocked) say that a calm server is
+// overloaded: they are every attempt, or more than FailureRatio of them by triggerMargin standard deviations;
 // and more than its independent failures explain.
 func (c *Controller) triggerLocked(fail, n float64) bool {
 	r := c.s.FailureRatio
 	return (fail == n || fail >= r*n+triggerMargin*math.Sqrt(n*r*(1-r))) && c.refusedLocked(fail, n)
+}
+
+// triggerCountLocked is what a calm controller's refusals in the current
+// interval are judged against: its answers so far (refusals included), or,
+// if more, the attempts sent in it and those of the last interval still in
+// flight when it began. Refusals often come back faster than answers (a
+// server sheds at once, and serves the rest), so that the first answers to
+// a wave of attempts are mostly refusals even when most attempts succeed:
+// judged against the answers alone, a server that fails 30 % of a wave at
+// once looked overloaded.
+func (c *Controller) triggerCountLocked() float64 {
+	return max(float64(c.fail)+float64(c.ok.Load()), c.carried+float64(c.calmSent.Load()))
 }
 
 // baseLocked is the server's share of independent failures: of its

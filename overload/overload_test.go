@@ -179,6 +179,79 @@ func TestDetection(t *testing.T) {
 	}
 }
 
+// Refusals are judged against the attempts sent, not only those answered:
+// a server that fails a share of a wave at once and answers the rest a
+// little later shows only refusals at first. Before, 30 refusals that came
+// back ahead of 70 answers started pacing ("every answer"), as the trace
+// demo's fresh client saw now and then against a server failing 30 % of
+// its attempts on its own.
+func TestRefusalsAheadOfAnswers(t *testing.T) {
+	sent := func(c *Controller, n int) {
+		for i := range n {
+			if i%2 == 0 {
+				c.Sent() // as the interceptor reports a calm attempt
+			} else if _, err := c.Acquire(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		run    func(*Controller, *fakeClock)
+		pacing bool
+	}{
+		{"30 of 100 refused first", func(c *Controller, _ *fakeClock) {
+			sent(c, 100)
+			report(c, Overloaded, 30)
+			report(c, Answered, 70)
+		}, false},
+		// 60 of 100: two standard deviations above half.
+		{"60 of 100 refused first", func(c *Controller, _ *fakeClock) {
+			sent(c, 100)
+			report(c, Overloaded, 60)
+		}, true},
+		{"59 of 100 refused first", func(c *Controller, _ *fakeClock) {
+			sent(c, 100)
+			report(c, Overloaded, 59)
+			report(c, Answered, 41)
+		}, false},
+		{"a wave sent in the last interval, refused in this one", func(c *Controller, clk *fakeClock) {
+			report(c, Answered, 50) // a calm stretch before
+			sent(c, 150)            // its 50 and a wave of 100
+			clk.Advance(DefaultInterval)
+			report(c, Overloaded, 30)
+			report(c, Answered, 70)
+		}, false},
+		{"attempts cancelled in the last interval are not in flight", func(c *Controller, clk *fakeClock) {
+			sent(c, 100)
+			report(c, Ignored, 100)
+			clk.Advance(DefaultInterval)
+			sent(c, 20)
+			report(c, Overloaded, 20)
+		}, true},
+		{"attempts in flight count for one interval only", func(c *Controller, clk *fakeClock) {
+			sent(c, 100) // long-lived streams, say
+			clk.Advance(DefaultInterval)
+			report(c, Overloaded, 1) // closes the interval: 100 in flight
+			clk.Advance(DefaultInterval)
+			sent(c, 25)
+			report(c, Overloaded, 25)
+		}, true},
+		{"a herd: every attempt sent refused", func(c *Controller, _ *fakeClock) {
+			sent(c, 1000)
+			report(c, Overloaded, 980)
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, clk := newController(t, Settings{})
+			tc.run(c, clk)
+			if got := c.State().Pacing; got != tc.pacing {
+				t.Errorf("pacing = %v, want %v", got, tc.pacing)
+			}
+		})
+	}
+}
+
 // Independent failures below the ratio start no pacing, also where the
 // rule is checked: at each refusal, against the answers so far. Without
 // the margin, a fresh client whose first 100 answers came at once with 30

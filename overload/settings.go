@@ -23,8 +23,9 @@ type Settings struct {
 	Interval time.Duration
 	// MinFailures and FailureRatio say when a calm target is overloaded:
 	// at least MinFailures overload failures within one Interval, and
-	// every answer or more than FailureRatio of that Interval's answered
-	// attempts, by more than chance makes (two standard deviations).
+	// every attempt or more than FailureRatio of that Interval's
+	// attempts (sent in it, or still in flight from the last, or answered
+	// if more), by more than chance makes (two standard deviations).
 	// Independent failures well below the ratio (a flaky network, a bad
 	// replica) are left to retries. 0 means DefaultMinFailures (20) and
 	// DefaultFailureRatio (0.5).
