@@ -663,14 +663,14 @@ func TestOverloadRefusalsAheadOfAnswers(t *testing.T) {
 	const calls, refused = 100, 30
 	for _, kind := range []string{"unary", "hedged unary", "server stream"} {
 		t.Run(kind, func(t *testing.T) {
-			var n sync.Mutex
+			var mu sync.Mutex
 			seen := 0
 			release := make(chan struct{})
 			// 3 of every 10 arrivals are refused at once; the others
 			// wait for release.
 			refuse := func() bool {
-				n.Lock()
-				defer n.Unlock()
+				mu.Lock()
+				defer mu.Unlock()
 				seen++
 				return seen%10 < 3
 			}

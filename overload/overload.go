@@ -670,8 +670,8 @@ func (c *Controller) freeLocked() float64 {
 
 // triggerMargin is how many standard deviations the share of refusals
 // must be above FailureRatio for a calm controller to start pacing. The
-// rule is checked at every refusal, against the answers counted so far in
-// the interval; without a margin, independent failures of 30 % started
+// rule is checked at every refusal, against the attempts counted so far in
+// the interval (triggerCountLocked); without a margin, independent failures of 30 % started
 // pacing in about 1 % of the intervals of 100 answers (at 45 %, in nearly
 // half), by chance.
 const triggerMargin = 2
@@ -682,8 +682,9 @@ const baseKeep = 0.95
 
 // triggerLocked reports whether fail refusals of n attempts (at least
 // MinFailures; see triggerCountLocked) say that a calm server is
-// overloaded: they are every attempt, or more than FailureRatio of them by triggerMargin standard deviations;
-// and more than its independent failures explain.
+// overloaded: they are every attempt, or more than FailureRatio of them by
+// triggerMargin standard deviations; and more than its independent
+// failures explain.
 func (c *Controller) triggerLocked(fail, n float64) bool {
 	r := c.s.FailureRatio
 	return (fail == n || fail >= r*n+triggerMargin*math.Sqrt(n*r*(1-r))) && c.refusedLocked(fail, n)
