@@ -24,7 +24,10 @@
 // came back before 70 answers looked like an overload.
 //
 // The share of attempts a server fails on its own is learnt while it is
-// calm, from the intervals that were not overloaded. While pacing,
+// calm, from the intervals that were not overloaded, and while pacing from
+// those in which the server took more attempts than in any interval of the
+// episode before, refusing fewer than FailureRatio: refusals that do not
+// follow the load. A fresh client, which knows no calm, learns it so. While pacing,
 // refusals within that share (by two standard deviations) are not load:
 // such an interval counts as one without refusals, and below "refused
 // nothing" means nothing beyond that share. A server that fails 30
@@ -35,16 +38,18 @@
 //   - An interval in which at least FailureRatio of the answers were
 //     refusals (more than the server's own share) ends in probing: one attempt per interval, so that a server that
 //     stays down while it is hit (the metastable case) gets its calm. If
-//     the server took some attempts in that interval, their number is the
-//     capacity it showed.
+//     the server took some attempts in that interval, and answered at
+//     least MinFailures, their number is the capacity it showed: a
+//     handful of attempts shows none.
 //   - The first answer after that restarts the rate at what the server is
 //     known to take: the throughput it sustained before the overload
 //     (pauses of Calm intervals or more left out: idle time is not what
 //     the server takes), or Headroom of the capacity it showed; with
 //     nothing known, a slow start that adds a token per answer.
-//   - A collapse under a rate the controller chose (not a probe's) says
-//     that rate is too much for now: what the server is known to take
-//     comes down to Headroom of the attempts sent in that interval, and
+//   - A collapse under a rate the controller chose (not a probe's), seen
+//     in at least MinFailures answers, says that rate is too much for
+//     now: what the server is known to take comes down to Headroom of the
+//     attempts sent in that interval (or answered, if more), and
 //     the rate holds there until Hold after the setback, doubled for each
 //     earlier one in the episode (up to 16 Hold). Without it a rate learned
 //     on the way up would be tried again after every restart, collapsing a
@@ -56,9 +61,13 @@
 //     back to what the server sustained before this episode (a cut
 //     capacity may have returned); past that by a quarter per Hold, until
 //     the rate and the bucket's burst (a tenth of the rate) are a quarter
-//     above the attempts that come, and never past a capacity the server
-//     showed in this episode unless it has since taken more. Intervals
-//     with no refusals raise what is known.
+//     above the attempts that come. A capacity the server showed in this
+//     episode bounds the rate for a hold (doubled as after a setback);
+//     then, attempts waiting and none refused, it is tried higher: back
+//     to the most the server took in an interval of this episode, by
+//     doubling, and past that by a quarter. A refusal there shows it again, a
+//     hold before the next try. Intervals with no refusals raise what is
+//     known.
 //   - Calm intervals in a row (no refusal, nobody waiting, attempts below
 //     half the rate) end the pacing.
 //
@@ -191,6 +200,8 @@ type Controller struct {
 	// While calm: the attempts sent in the last interval that it did not
 	// answer, still in flight when the current one began.
 	carried float64
+	// The most answers in one interval of this episode.
+	tookMost float64
 }
 
 type waiter struct {
@@ -444,7 +455,7 @@ func (c *Controller) beginLocked(now time.Time) {
 	c.pacing.Store(true)
 	c.episodes.Add(1)
 	c.rate, c.tokens, c.refilled = 1, 0, now
-	c.ceiling, c.setbacks, c.quiet = 0, 0, 0
+	c.ceiling, c.setbacks, c.quiet, c.tookMost = 0, 0, 0, 0
 	c.before = c.known
 	c.growAt = time.Time{}
 	c.arrived, c.sent, c.lastIn, c.waited = 0, 0, 0, false
@@ -568,6 +579,20 @@ func (c *Controller) calmRateLocked(ok float64, n time.Duration, now time.Time) 
 // server answered ok attempts and refused c.fail.
 func (c *Controller) closeLocked(ok float64, now time.Time) {
 	fail := float64(c.fail)
+	if ok > c.tookMost {
+		// The server took more than in any interval of this episode
+		// before: no capacity it showed bounded it, so the refusals
+		// beside are taken for its share of independent failures,
+		// counted as while calm. A capacity cut has one such interval,
+		// as the rate passes the cut (a tenth learnt at most, in the
+		// tests). Without this a fresh client, which knows no calm, took
+		// a server that fails 30 % of attempts on its own for one
+		// overloaded for good, once paced.
+		if !c.collapsed.Load() && fail < c.s.FailureRatio*(ok+fail) {
+			c.baseAddLocked(fail, ok+fail, 1)
+		}
+		c.tookMost = ok
+	}
 	// Refusals the server's independent failures explain are not load:
 	// with them the interval counts as one without refusals.
 	refused := c.refusedLocked(fail, ok+fail)
@@ -587,14 +612,19 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 		// server that refuses for load is often down for a while (it
 		// recovers only once it is left alone), so send one probe per
 		// interval until one is answered.
-		if ok > 0 {
+		if ok > 0 && ok+fail >= float64(c.s.MinFailures) {
 			c.ceiling = ok
 		}
-		if !c.collapsed.Load() && sent > 1 {
+		if !c.collapsed.Load() && sent > 1 && ok+fail >= float64(c.s.MinFailures) {
 			// The server collapsed under the rate this controller
 			// chose: that rate is too much for now, whatever was known.
-			c.known = min(c.known, c.s.Headroom*sent)
-			c.ceiling = min(c.ceiling, sent)
+			// The load is what the server answered in the interval, or
+			// the attempts sent in it if more: an interval in which the
+			// rate restarted sends a few, and those few alone held the
+			// rate under them.
+			load := max(sent, ok+fail)
+			c.known = min(c.known, c.s.Headroom*load)
+			c.ceiling = min(c.ceiling, load)
 			c.setbacks++
 			c.setback = now
 		}
@@ -605,8 +635,15 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 	case refused:
 		// Some refusals, fewer than FailureRatio: the server took ok, so
 		// the rate comes down to Headroom of that if it was above; it
-		// neither grows nor learns.
+		// neither grows nor learns. Where the capacity it showed bounds
+		// the rate (a quarter above it, tried after a hold: see
+		// growLocked), ok counted on enough answers is that capacity
+		// now, and the next try is a hold away.
 		c.rate = max(1, min(c.rate, c.s.Headroom*ok))
+		if ok > 0 && ok < c.ceiling && ok+fail >= float64(c.s.MinFailures) {
+			c.ceiling = ok
+			c.growAt = now.Add(c.holdLocked())
+		}
 		c.quiet = 0
 	case waited:
 		c.learnLocked(min(ok, sent))
@@ -783,10 +820,31 @@ func (c *Controller) growLocked(now time.Time) {
 	}
 	if free := c.freeLocked(); c.rate < free {
 		c.rate = min(2*c.rate, free)
+		if c.rate == free && c.boundLocked() {
+			c.growAt = now.Add(c.holdLocked()) // see below
+		}
 		return
 	}
 	if c.boundLocked() {
-		return // never past a capacity the server showed in this episode
+		// The capacity the server showed in this episode bounds the
+		// rate, but not for good: after a hold at it with attempts
+		// waiting and no refusal, it is tried a quarter higher, and a
+		// refusal there shows it again. A capacity may come back, and
+		// one is shown too low by an interval in which the server still
+		// refused the burst of the one before, or by a handful of
+		// attempts: for good, the rate could never rise past it again
+		// (answers above the rate are not learnt) and the pacing, with
+		// attempts waiting, never end.
+		if top := 1.25 * float64(c.lastIn) / 1.1; c.rate < top {
+			next := 1.25 * c.ceiling
+			if c.ceiling < c.tookMost {
+				next = min(2*c.ceiling, c.tookMost) // it took that much in this episode
+			}
+			c.ceiling = min(next, top/c.s.Headroom)
+			c.rate = c.freeLocked()
+			c.growAt = now.Add(c.holdLocked())
+		}
+		return
 	}
 	if c.rate < c.before {
 		// Back toward what the server sustained before this episode:

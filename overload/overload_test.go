@@ -301,10 +301,25 @@ func TestIndependentFailuresStartNoPacing(t *testing.T) {
 // Before, each interval's refusals cut the rate to Headroom of the
 // answers, and the rate never grew again: one attempt per interval, the
 // line of 60 arrivals an interval growing for good.
+//
+// A fresh client knows no such share: it learns it while paced, from the
+// intervals in which the server took more than ever before in the episode
+// (refusals that do not follow the load). Before, it stayed paced at 9
+// attempts a second for the 600 that came: two attempts, one refused by
+// chance, had shown a "capacity" of one, and nothing raised it again.
 func TestIndependentFailuresEndThePacing(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		calm int // intervals of calm before the pacing, the server failing 30 %
+	}{{"after 2 s of calm", 20}, {"a fresh client", 0}} {
+		t.Run(tc.name, func(t *testing.T) { independentFailuresEndThePacing(t, tc.calm) })
+	}
+}
+
+func independentFailuresEndThePacing(t *testing.T, calm int) {
 	c, clk := newController(t, Settings{})
 	rng := rand.New(rand.NewPCG(3, 5))
-	for range 20 { // 2 s of calm, the server failing 30 % on its own
+	for range calm {
 		report(c, Answered, 42)
 		report(c, Overloaded, 18)
 		clk.Advance(DefaultInterval)
@@ -316,17 +331,102 @@ func TestIndependentFailuresEndThePacing(t *testing.T) {
 	c.beginLocked(clk.Now()) // as a real overload, or chance, would
 	c.mu.Unlock()
 
+	r := drive(t, c, clk, func(time.Time) Outcome {
+		if rng.Float64() < 0.3 {
+			return Overloaded
+		}
+		return Answered
+	})
+	if r.ended < 0 {
+		st := c.State()
+		t.Fatalf("still pacing after 10 s: rate %.0f/s for 600 arrivals/s, %d waiting, %d sent", st.Rate, st.Waiting, r.sent)
+	}
+	t.Logf("pacing ended after %v; %d of %d sent, %d not", r.ended, r.sent, r.sent+r.lost, r.lost)
+	if r.lost > 0 {
+		t.Errorf("%d attempts never sent", r.lost)
+	}
+}
+
+// A paced server whose capacity was cut (it takes 50 attempts per window
+// of its own and refuses the rest, 60 coming) refuses more as the rate
+// rises past 50, and none below: what it refuses is load, not a share of
+// independent failures to be left alone (less than a tenth learnt as
+// that). The rate follows what it takes: in the last 5 s it takes at least
+// 60 % of its capacity. Before, a fresh client took 2 % in a quarter of
+// the runs: a capacity shown by a handful of attempts (an interval in
+// which the rate had just restarted), and the rate never rose past it
+// again. Now a fresh client takes 79-94 % (100 runs); one that knew the
+// server before takes 63-94 %, as before: the rate returns at once to what
+// the server took before the cut, is refused, comes down, and returns.
+func TestCapacityCutIsNotIndependentFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fresh bool
+	}{{"after 3 s of calm", false}, {"a fresh client", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var (
+				c   *Controller
+				clk *fakeClock
+			)
+			if tc.fresh {
+				c, clk = newController(t, Settings{})
+				c.mu.Lock()
+				c.beginLocked(clk.Now())
+				c.mu.Unlock()
+			} else {
+				c, clk = calmThenFail(t, 60)
+			}
+			var (
+				window time.Time
+				taken  int
+			)
+			r := drive(t, c, clk, func(now time.Time) Outcome {
+				if w := now.Truncate(DefaultInterval); w != window {
+					window, taken = w, 0
+				}
+				if taken >= 50 {
+					return Overloaded
+				}
+				taken++
+				return Answered
+			})
+			c.mu.Lock()
+			base := c.baseLocked()
+			c.mu.Unlock()
+			if base >= 0.1 {
+				t.Errorf("a share of %.2f of independent failures learnt from a capacity cut", base)
+			}
+			if took := r.sentLate - r.refusedLate; took < 1500 {
+				t.Errorf("in the last 5 s the server took %d attempts, refused %d: want at least 60 %% of its 2500", took, r.refusedLate)
+			}
+			t.Logf("%d sent, %d refused in the last 5 s of %d sent (took %d); %d not sent; base %.3f", r.sent, r.refusedLate, r.sentLate, r.sentLate-r.refusedLate, r.lost, base)
+		})
+	}
+}
+
+// driven is what drive saw: when the pacing ended (-1: it did not), the
+// attempts sent and not, and those sent and refused in its second half.
+type driven struct {
+	ended                 time.Duration
+	sent, lost            int
+	sentLate, refusedLate int
+}
+
+// drive asks c for 6 attempts every 10 ms of clk for 10 s, each with a long
+// deadline, and reports how each one it lets through ended: outcome, called
+// with the time it was sent.
+func drive(t *testing.T, c *Controller, clk *fakeClock, outcome func(time.Time) Outcome) driven {
+	t.Helper()
 	var (
-		wg         sync.WaitGroup
-		mu         sync.Mutex
-		sent, lost int
+		wg sync.WaitGroup
+		mu sync.Mutex
+		r  = driven{ended: -1}
 	)
-	// 6 attempts every 10 ms for 10 s, each with a long deadline.
 	ctx, cancel := context.WithDeadline(context.Background(), clk.Now().Add(time.Hour))
 	defer cancel()
 	const step, per, steps = 10 * time.Millisecond, 6, 1000
-	ended := -1
 	for i := range steps {
+		late := i >= steps/2
 		for range per {
 			wg.Add(1)
 			go func() {
@@ -335,20 +435,23 @@ func TestIndependentFailuresEndThePacing(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
-					lost++
+					r.lost++
 					return
 				}
-				sent++
-				if rng.Float64() < 0.3 {
-					c.Done(Overloaded)
-				} else {
-					c.Done(Answered)
+				r.sent++
+				o := outcome(clk.Now())
+				if late {
+					r.sentLate++
+					if o == Overloaded {
+						r.refusedLate++
+					}
 				}
+				c.Done(o)
 			}()
 		}
 		for j := 0; ; j++ { // every attempt of this step asked
 			mu.Lock()
-			n := sent + lost
+			n := r.sent + r.lost
 			mu.Unlock()
 			if n+c.State().Waiting == per*(i+1) {
 				break
@@ -359,20 +462,13 @@ func TestIndependentFailuresEndThePacing(t *testing.T) {
 			runtime.Gosched()
 		}
 		clk.Advance(step)
-		if ended < 0 && !c.Pacing() {
-			ended = i
+		if r.ended < 0 && !c.Pacing() {
+			r.ended = time.Duration(i+1) * step
 		}
 	}
 	cancel()
 	wg.Wait()
-	if ended < 0 {
-		st := c.State()
-		t.Fatalf("still pacing after 10 s: rate %.0f/s for 600 arrivals/s, %d waiting, %d sent", st.Rate, st.Waiting, sent)
-	}
-	t.Logf("pacing ended after %v; %d of %d sent, %d not", time.Duration(ended+1)*step, sent, per*steps, lost)
-	if lost > 0 {
-		t.Errorf("%d attempts never sent", lost)
-	}
+	return r
 }
 
 // The failures must fall in one interval: the same failures spread over
@@ -649,33 +745,73 @@ func setCounts(c *Controller, arrived, sent int) {
 
 // A herd on a fresh client: nothing was sustained before, the first
 // interval measured a capacity of 20; the rate restarts at 90 % of it and
-// never grows past it while the episode lasts, waiting or not.
+// holds there for a Hold, waiting or not. Then, with attempts waiting and
+// none refused, the capacity is tried a quarter higher, as far as a
+// quarter above the attempts that come (18: 20.45); answers that land late
+// (21 for 18 sent) are no proof of more. A refusal there shows the capacity
+// again (18 taken: 16.2), and the next try is a Hold away. Before the try,
+// a capacity shown too low held the rate under it for good: answers above
+// the rate are not learnt, and with attempts waiting the pacing never
+// ended.
 func TestMeasuredCapacityBounds(t *testing.T) {
 	c, clk := newController(t, Settings{})
 	report(c, Answered, 20)
 	report(c, Overloaded, 980)
 	clk.Advance(DefaultInterval)
 	answerProbe(t, c)
+	restart := clk.Now()
 	if got := rateOf(c); got != 18 {
 		t.Fatalf("restart at %v, want 18", got)
 	}
-	// 20 intervals of 18 answers, every other one with attempts waiting;
-	// then 5 in which answers that land late make an interval count more
-	// than the capacity (21 answers for 18 sent): that is no proof of more.
-	for i := range 25 {
-		answers := 18
-		if i >= 20 {
-			answers = 21
+	const top = 1.25 * 18 / 1.1
+	// holds reports intervals of 18 answers for 18 sent until the rate
+	// leaves 18, and returns when that was; every other interval without
+	// attempts waiting, unless always.
+	holds := func(want float64, always bool) time.Time {
+		t.Helper()
+		for i := range 20 {
+			if always || i%2 == 0 {
+				markWaited(c)
+			}
+			report(c, Answered, 18)
+			setCounts(c, 18, 18)
+			clk.Advance(DefaultInterval)
+			if got := rateOf(c); got != want {
+				if got < want || got > top+1e-9 {
+					t.Fatalf("interval %d: rate = %v, want %v or a try up to %.2f", i, got, want, top)
+				}
+				return clk.Now()
+			}
 		}
-		if i%2 == 0 || i >= 20 {
-			markWaited(c)
-		}
-		report(c, Answered, answers)
+		t.Fatalf("rate held at %v for 2 s of attempts waiting", want)
+		return time.Time{}
+	}
+	if tried := holds(18, false); tried.Sub(restart) < DefaultHold {
+		t.Fatalf("capacity tried %v after the restart, want a Hold (%v) at least", tried.Sub(restart), DefaultHold)
+	}
+	if got := rateOf(c); math.Abs(got-top) > 1e-9 {
+		t.Fatalf("tried at %v, want a quarter above the 18 that come (%.2f)", got, top)
+	}
+	for i := range 5 { // answers that land late
+		markWaited(c)
+		report(c, Answered, 21)
 		setCounts(c, 18, 18)
 		clk.Advance(DefaultInterval)
-		if got := rateOf(c); got != 18 {
-			t.Fatalf("interval %d (%d answers for 18 sent): rate = %v, want it held at 18", i, answers, got)
+		if got := rateOf(c); math.Abs(got-top) > 1e-9 {
+			t.Fatalf("interval %d (21 answers for 18 sent): rate = %v, want it held at %.2f", i, got, top)
 		}
+	}
+	markWaited(c)
+	report(c, Answered, 18)
+	report(c, Overloaded, 3)
+	setCounts(c, 21, 21)
+	clk.Advance(DefaultInterval)
+	refusal := clk.Now()
+	if got := rateOf(c); math.Abs(got-16.2) > 1e-9 {
+		t.Fatalf("after 3 refused beside 18 taken: rate = %v, want 16.2", got)
+	}
+	if tried := holds(16.2, true); tried.Sub(refusal) < DefaultHold {
+		t.Fatalf("capacity tried again %v after the refusal, want a Hold (%v) at least", tried.Sub(refusal), DefaultHold)
 	}
 }
 
