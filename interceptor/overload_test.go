@@ -742,3 +742,59 @@ func TestOverloadRefusalsAheadOfAnswers(t *testing.T) {
 		})
 	}
 }
+
+// TestOverloadHedgesCountAsSent: a hedged stream's hedges count as attempts
+// sent while calm, as its first attempt does. 50 streams whose first
+// attempts the server holds, and whose hedges it refuses at once: 50
+// refusals of 100 attempts sent, no overload. Counted against the first
+// attempts alone, the refusals were every attempt, and the pacing started.
+func TestOverloadHedgesCountAsSent(t *testing.T) {
+	const streams = 50
+	release := make(chan struct{})
+	srv := testserver.Start(t, &testserver.Server{
+		ServerStream: func(_ *grpc_testing.StreamingOutputCallRequest, ss grpc_testing.TestService_StreamingOutputCallServer) error {
+			md, _ := metadata.FromIncomingContext(ss.Context())
+			if len(md.Get(AttemptMetadataKey)) > 0 {
+				return status.Error(codes.Unavailable, "shed")
+			}
+			select { // the hedge's refusal cancels it
+			case <-release:
+			case <-ss.Context().Done():
+			}
+			return nil
+		}})
+	// The fake clock fires the hedging delay's timer at once.
+	ic, err := New(withClock(newFakeClock()), WithoutBreaker(), WithPolicy(policy.Policy{Hedging: policy.Hedging{
+		MaxAttempts: 2, Delay: 100 * time.Microsecond}}), WithHedgeBudget(policy.Budget{MinPerSecond: 2 * streams / 10}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer close(release)
+	c := srv.Client(t, ic.DialOptions()...)
+	errs := make(chan error, streams)
+	var wg sync.WaitGroup
+	for range streams {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			defer cancel()
+			s, err := c.StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
+			if err == nil {
+				_, err = s.Recv()
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs { // a hedge's refusal is fatal: the stream ends with it
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("a stream: %v, want its hedge's refusal", err)
+		}
+	}
+	if got := srv.Requests(); got != 2*streams {
+		t.Fatalf("%d attempts arrived, want %d", got, 2*streams)
+	}
+	if st := ic.controllerFor(testserver.Target).State(); st.Pacing || st.Episodes != 0 {
+		t.Errorf("after %d refused hedges of %d attempts sent: %+v", streams, 2*streams, st)
+	}
+}
