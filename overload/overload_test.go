@@ -73,8 +73,9 @@ func (c *fakeClock) Advance(d time.Duration) {
 		if t.at.After(c.now) {
 			c.now = t.at
 		}
+		stopped := t.stopped // read under the lock: the timer's stop runs on other goroutines
 		c.mu.Unlock()
-		if !t.stopped {
+		if !stopped {
 			t.f()
 		}
 	}
@@ -351,18 +352,20 @@ func independentFailuresEndThePacing(t *testing.T, calm int) {
 // of its own and refuses the rest, 60 coming) refuses more as the rate
 // rises past 50, and none below: what it refuses is load, not a share of
 // independent failures to be left alone (less than a tenth learnt as
-// that). The rate follows what it takes: in the last 5 s it takes at least
-// 60 % of its capacity. Before, a fresh client took 2 % in a quarter of
-// the runs: a capacity shown by a handful of attempts (an interval in
-// which the rate had just restarted), and the rate never rose past it
-// again. Now a fresh client takes 79-94 % (100 runs); one that knew the
-// server before takes 63-94 %, as before: the rate returns at once to what
-// the server took before the cut, is refused, comes down, and returns.
+// that). The rate follows what it takes: in the last 5 s a fresh client
+// has it take at least 70 % of its capacity. Before, a fresh client took
+// 2 % in a quarter of the runs: a capacity shown by a handful of attempts
+// (an interval in which the rate had just restarted), and the rate never
+// rose past it again. Now it takes 79-94 % (100 runs). One that knew the
+// server before takes 63-94 %, as before (at least half is asked, which
+// no trap meets): the rate returns at once to what the server took before
+// the cut, is refused, comes down, and returns.
 func TestCapacityCutIsNotIndependentFailures(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		fresh bool
-	}{{"after 3 s of calm", false}, {"a fresh client", true}} {
+		least int // of the 2500 the server can take in the last 5 s
+	}{{"after 3 s of calm", false, 1250}, {"a fresh client", true, 1750}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var (
 				c   *Controller
@@ -396,8 +399,8 @@ func TestCapacityCutIsNotIndependentFailures(t *testing.T) {
 			if base >= 0.1 {
 				t.Errorf("a share of %.2f of independent failures learnt from a capacity cut", base)
 			}
-			if took := r.sentLate - r.refusedLate; took < 1500 {
-				t.Errorf("in the last 5 s the server took %d attempts, refused %d: want at least 60 %% of its 2500", took, r.refusedLate)
+			if took := r.sentLate - r.refusedLate; took < tc.least {
+				t.Errorf("in the last 5 s the server took %d attempts, refused %d: want at least %d of its 2500", took, r.refusedLate, tc.least)
 			}
 			t.Logf("%d sent, %d refused in the last 5 s of %d sent (took %d); %d not sent; base %.3f", r.sent, r.refusedLate, r.sentLate, r.sentLate-r.refusedLate, r.lost, base)
 		})
