@@ -712,11 +712,7 @@ func TestOverloadRefusalsAheadOfAnswers(t *testing.T) {
 						errs <- err
 						return
 					}
-					s, err := c.StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
-					if err == nil {
-						_, err = s.Recv()
-					}
-					errs <- err
+					errs <- firstMessage(ctx, c)
 				})
 			}
 			for range refused {
@@ -777,11 +773,7 @@ func TestOverloadHedgesCountAsSent(t *testing.T) {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 			defer cancel()
-			s, err := c.StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
-			if err == nil {
-				_, err = s.Recv()
-			}
-			errs <- err
+			errs <- firstMessage(ctx, c)
 		})
 	}
 	wg.Wait()
@@ -797,4 +789,13 @@ func TestOverloadHedgesCountAsSent(t *testing.T) {
 	if st := ic.controllerFor(testserver.Target).State(); st.Pacing || st.Episodes != 0 {
 		t.Errorf("after %d refused hedges of %d attempts sent: %+v", streams, 2*streams, st)
 	}
+}
+
+// firstMessage opens a server stream and receives its first message.
+func firstMessage(ctx context.Context, c grpc_testing.TestServiceClient) error {
+	s, err := c.StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
+	if err == nil {
+		_, err = s.Recv()
+	}
+	return err
 }

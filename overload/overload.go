@@ -579,6 +579,11 @@ func (c *Controller) calmRateLocked(ok float64, n time.Duration, now time.Time) 
 // server answered ok attempts and refused c.fail.
 func (c *Controller) closeLocked(ok float64, now time.Time) {
 	fail := float64(c.fail)
+	// A capacity, or a setback's lesson, is taken only from enough
+	// answers: a handful (an interval in which the rate had just
+	// restarted, or one refused by chance) shows none, and held the rate
+	// under it.
+	enough := ok+fail >= float64(c.s.MinFailures)
 	if ok > c.tookMost {
 		// The server took more than in any interval of this episode
 		// before: no capacity it showed bounded it, so the refusals
@@ -612,10 +617,10 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 		// server that refuses for load is often down for a while (it
 		// recovers only once it is left alone), so send one probe per
 		// interval until one is answered.
-		if ok > 0 && ok+fail >= float64(c.s.MinFailures) {
+		if ok > 0 && enough {
 			c.ceiling = ok
 		}
-		if !c.collapsed.Load() && sent > 1 && ok+fail >= float64(c.s.MinFailures) {
+		if !c.collapsed.Load() && sent > 1 && enough {
 			// The server collapsed under the rate this controller
 			// chose: that rate is too much for now, whatever was known.
 			// The load is what the server answered in the interval, or
@@ -635,12 +640,11 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 	case refused:
 		// Some refusals, fewer than FailureRatio: the server took ok, so
 		// the rate comes down to Headroom of that if it was above; it
-		// neither grows nor learns. Where the capacity it showed bounds
-		// the rate (a quarter above it, tried after a hold: see
-		// growLocked), ok counted on enough answers is that capacity
-		// now, and the next try is a hold away.
+		// neither grows nor learns. Where a capacity it showed is being
+		// tried higher (growLocked), ok is that capacity now, and the
+		// next try is a hold away.
 		c.rate = max(1, min(c.rate, c.s.Headroom*ok))
-		if ok > 0 && ok < c.ceiling && ok+fail >= float64(c.s.MinFailures) {
+		if ok > 0 && ok < c.ceiling && enough {
 			c.ceiling = ok
 			c.growAt = now.Add(c.holdLocked())
 		}
@@ -818,6 +822,17 @@ func (c *Controller) growLocked(now time.Time) {
 	if now.Before(c.growAt) {
 		return
 	}
+	// Past what is known, the rate grows only to meet the attempts that
+	// come: it need not be far above them to drain the line, and every
+	// step past what the server is known to take is a risk. What the
+	// server may get in a window of its own is the rate and the bucket's
+	// burst (a tenth of the rate, refillLocked) together: they stay
+	// within a quarter above the attempts that come (top). The server's
+	// windows are not the controller's intervals, and in the storm lab's
+	// sticky cut a rate of a quarter above the 60 that came (76), its
+	// burst on top, put 81 in one window of a server that takes 80 in
+	// about 1 run in 15, down for a second each time; at 68 none in 40.
+	top := 1.25 * float64(c.lastIn) / 1.1
 	if free := c.freeLocked(); c.rate < free {
 		c.rate = min(2*c.rate, free)
 		if c.rate == free && c.boundLocked() {
@@ -828,14 +843,16 @@ func (c *Controller) growLocked(now time.Time) {
 	if c.boundLocked() {
 		// The capacity the server showed in this episode bounds the
 		// rate, but not for good: after a hold at it with attempts
-		// waiting and no refusal, it is tried a quarter higher, and a
-		// refusal there shows it again. A capacity may come back, and
+		// waiting and no refusal, it is tried higher (doubled back to
+		// the most the server took in an interval of this episode, then
+		// a quarter up, never past top), and a refusal there shows it
+		// again (closeLocked). A capacity may come back, and
 		// one is shown too low by an interval in which the server still
 		// refused the burst of the one before, or by a handful of
 		// attempts: for good, the rate could never rise past it again
 		// (answers above the rate are not learnt) and the pacing, with
 		// attempts waiting, never end.
-		if top := 1.25 * float64(c.lastIn) / 1.1; c.rate < top {
+		if c.rate < top {
 			next := 1.25 * c.ceiling
 			if c.ceiling < c.tookMost {
 				next = min(2*c.ceiling, c.tookMost) // it took that much in this episode
@@ -857,17 +874,7 @@ func (c *Controller) growLocked(now time.Time) {
 		}
 		return
 	}
-	// Past what is known, the rate grows only to meet the attempts that
-	// come: it need not be far above them to drain the line, and every
-	// step past what the server is known to take is a risk. What the
-	// server may get in a window of its own is the rate and the bucket's
-	// burst (a tenth of the rate, refillLocked) together: they stay
-	// within a quarter above the attempts that come. The server's windows
-	// are not the controller's intervals, and in the storm lab's sticky
-	// cut a rate of a quarter above the 60 that came (76), its burst on
-	// top, put 81 in one window of a server that takes 80 in about 1 run
-	// in 15, down for a second each time; at 68 none in 40.
-	top := 1.25 * float64(c.lastIn) / 1.1
+	// Past what is known: toward top, by a quarter per Hold.
 	if c.rate >= top {
 		return
 	}
