@@ -504,7 +504,7 @@ func (c *Controller) advanceLocked(now time.Time) {
 				if r := c.calmRateLocked(ok, n, now); r > 0 {
 					// In attempts: the server also took those its
 					// independent failures refused.
-					c.known = r / (1 - min(c.baseLocked(), c.s.FailureRatio))
+					c.known = r / (1 - c.baseLocked())
 				}
 			}
 			c.fail = 0
@@ -591,16 +591,9 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 	// restarted, or one refused by chance) shows none, and held the rate
 	// under it.
 	enough := ok+fail >= float64(c.s.MinFailures)
-	// What the server took, in attempts (as the rate is), for a cut of
-	// the rate: its answers and the refusals its share of independent
-	// failures explains. A server that fails 30 % on its own took every
-	// attempt; cut to Headroom of its answers alone, the rate fell to 63 %
-	// of the attempts it took after each chance refusal, and the line that
-	// built kept the pacing on past 10 s in 12 of 20 runs. The capacities
-	// it shows and what is learnt stay counted in answers: with the share
-	// learnt while paced (below) in them, a herd of 1000 on a server that
-	// takes 320 was sent a third more attempts, and 4 % of the calls failed.
-	took := ok + min(fail, c.baseLocked()*(ok+fail))
+	// The server's share of independent failures before this interval,
+	// which may add to it (below), explains some of its refusals.
+	base := c.baseLocked()
 	if ok > c.tookMost {
 		// The server took more than in any interval of this episode
 		// before: no capacity it showed bounded it, so the refusals
@@ -658,10 +651,21 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 		// Still waiting for a probe's answer.
 	case refused:
 		// Some refusals, fewer than FailureRatio: the server took ok
-		// answers (took attempts), so the rate comes down to Headroom of
-		// that if it was above; it neither grows nor learns. Where a
-		// capacity it showed is being tried higher (growLocked), ok is
-		// that capacity now, and the next try is a hold away.
+		// answers, so the rate comes down to Headroom of that if it was
+		// above; it neither grows nor learns. Where a capacity it showed
+		// is being tried higher (growLocked), ok is that capacity now,
+		// and the next try is a hold away.
+		//
+		// The cut counts attempts, as the rate does: the answers and the
+		// refusals the server's share of independent failures explains.
+		// A server that fails 30 % on its own took every attempt; cut to
+		// Headroom of its answers alone, the rate fell to 63 % of the
+		// attempts it took after each chance refusal, and the line that
+		// built kept the pacing on past 10 s in 12 of 20 runs. The
+		// capacities it shows and what is learnt stay counted in
+		// answers: with the share learnt while paced in them, a herd of
+		// 1000 on a server that takes 320 was sent a third more
+		// attempts, and 4 % of the calls failed.
 		//
 		// In the interval right after a cut the rate holds: its refusals
 		// are mostly the echo of the rate before it (the server's windows
@@ -670,7 +674,8 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 		// to 70 % of a cut server's capacity: a client that knew the
 		// server before the cut returned to that every few intervals,
 		// was refused, cut twice, and the server took 63-70 % of its
-		// capacity in half the runs (80-95 % now, in 20).
+		// capacity in half the runs (81-95 % now, in 20).
+		took := ok + min(fail, base*(ok+fail))
 		if !cut && c.s.Headroom*took < c.rate {
 			c.rate, c.cut = max(1, c.s.Headroom*took), true
 		}
