@@ -65,8 +65,9 @@
 //     back to what the server sustained before this episode (a cut
 //     capacity may have returned); past that by a quarter per Hold, until
 //     the rate and the bucket's burst (a tenth of the rate) are a quarter
-//     above the attempts that come. A capacity the server showed in this
-//     episode bounds the rate for a hold (doubled as after a setback);
+//     above the attempts that come (their mean since the last step). A
+//     capacity the server showed in this episode bounds the rate for a
+//     hold (doubled as after a setback);
 //     then, attempts waiting and none refused, it is tried higher: back
 //     to the most the server took in an interval of this episode, by
 //     doubling, and past that by a quarter. A refusal there shows it again, a
@@ -185,7 +186,7 @@ type Controller struct {
 	sent     int           // attempts let through in the current interval
 	lastIn   int           // in the last closed one
 	inSum    float64       // attempts that asked in the intervals since the rate last grew past what is known
-	inN      float64       // and how many intervals those were
+	inN      int           // and how many intervals those were
 	took     time.Duration // least time an answer took in the current interval; 0: none timed
 	lastTook time.Duration // the same for the last closed interval with answers
 	waited   bool
@@ -619,7 +620,8 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 	cut := c.cut
 	c.cut = false
 	c.lastIn = c.arrived
-	c.inSum, c.inN = c.inSum+float64(c.arrived), c.inN+1
+	c.inSum += float64(c.arrived)
+	c.inN++
 	sent := float64(c.sent)
 	c.arrived, c.sent, c.fail, c.waited = 0, 0, 0, false
 	if ok > 0 { // an interval without answers says nothing of their time
@@ -880,7 +882,7 @@ func (c *Controller) growLocked(now time.Time) {
 	// past 72 in the sticky cut (2 traced runs of 13), where the server
 	// collapsed once more 3-4 s after the cut now and then (in CI, and in
 	// 1 of 32 runs here; none in 20 since).
-	top := 1.25 * c.inMeanLocked() / 1.1
+	top := 1.25 * c.inSum / float64(c.inN) / 1.1 // closeLocked counted this interval: inN > 0
 	if free := c.freeLocked(); c.rate < free {
 		c.rate = min(2*c.rate, free)
 		if c.rate == free && c.boundLocked() {
@@ -930,16 +932,6 @@ func (c *Controller) growLocked(now time.Time) {
 	c.rate = min(1.25*c.rate, top)
 	c.growAt = now.Add(c.s.Hold)
 	c.inSum, c.inN = 0, 0
-}
-
-// inMeanLocked is the mean of the attempts that asked per interval since
-// the rate last grew past what is known (growLocked), or since it
-// restarted after a collapse; those of the last closed interval if none.
-func (c *Controller) inMeanLocked() float64 {
-	if c.inN == 0 {
-		return float64(c.lastIn)
-	}
-	return c.inSum / c.inN
 }
 
 // refillLocked adds the tokens earned since the last refill, keeping at
