@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"runtime/debug"
 	"sync"
@@ -217,6 +218,73 @@ func TestHeadersStopThePerAttemptTimeout(t *testing.T) {
 	if n := srv.Requests(); n != 1 {
 		t.Errorf("server saw %d attempts, want 1", n)
 	}
+}
+
+// TestPerAttemptTimeoutAtTheFirstMessage: a server that answers just as
+// the per-attempt timeout fires. The timeout and the stream's commit race,
+// and whichever comes first wins: a stream that delivered a message is
+// committed and never cancelled by its attempt's timeout, and a stream
+// whose attempt timed out first fails with DeadlineExceeded (its server
+// sent headers, so it is not retried) without delivering a message.
+// Before, the timer cancelled the attempt of a stream already committed:
+// about 7 % of the streams failed with Canceled after 1 to 3 messages.
+func TestPerAttemptTimeoutAtTheFirstMessage(t *testing.T) {
+	const d = 5 * time.Millisecond
+	srv := testserver.Start(t, &testserver.Server{NoRecord: true, ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+		time.Sleep(d)
+		for range 3 {
+			if err := ss.Send(&testgrpc.StreamingOutputCallResponse{}); err != nil {
+				return err
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		return nil
+	}})
+	// The real clock: an attempt that times out before the headers is
+	// retried after a real wait.
+	ic, err := New(WithoutBreaker(), WithoutOverloadControl(),
+		WithPolicy(policy.Policy{MaxAttempts: 2, PerAttemptTimeout: d, InitialBackoff: time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		bad     = map[string]int{}
+		ok, exp int
+	)
+	sem := make(chan struct{}, 16)
+	for range 600 {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+			n := 0
+			for err == nil {
+				if _, err = s.Recv(); err == nil {
+					n++
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == io.EOF && n == 3:
+				ok++
+			case n == 0 && status.Code(err) == codes.DeadlineExceeded:
+				exp++
+			default:
+				bad[fmt.Sprintf("%v after %d messages", status.Code(err), n)]++
+			}
+		}()
+	}
+	wg.Wait()
+	if len(bad) > 0 {
+		t.Errorf("%d whole, %d timed out; and %v", ok, exp, bad)
+	}
+	t.Logf("%d whole, %d timed out before any message", ok, exp)
 }
 
 // TestClientSideErrorsAreNotRetried: a request over the call's send limit

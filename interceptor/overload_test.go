@@ -610,7 +610,9 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 					}
 					s := &retryStream{ic: ic, ctx: ctx, ctl: ctl, method: testserver.MethodUnary}
 					a := &streamAttempt{n: 1, live: true, asked: asked, sent: sent}
-					a.timedOut.Store(tc.perAttempt)
+					if tc.perAttempt {
+						a.fate.Store(attemptExpired)
+					}
 					s.a = a
 					s.mu.Lock()
 					s.endAttemptLocked(a, timedOut)

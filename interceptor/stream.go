@@ -145,9 +145,12 @@ type streamAttempt struct {
 	cancel      context.CancelCauseFunc
 	openCtx     context.Context // a hedge's context until openHedge opens it
 	timeout     *time.Timer     // cancels the attempt at PerAttemptTimeout until commit
-	timedOut    atomic.Bool
-	span        trace.Span
-	ended       bool // its span is ended and it is counted; guarded by the stream's mu
+	// fate settles, once, the race between the per-attempt timeout and
+	// the stream's commit: whichever comes first wins (attemptOpen,
+	// attemptKept, attemptExpired).
+	fate  atomic.Int32
+	span  trace.Span
+	ended bool // its span is ended and it is counted; guarded by the stream's mu
 	// notSent is why the overload controller did not let the attempt go
 	// (shed, or the context ended while it waited); it never opened.
 	notSent error
@@ -324,8 +327,9 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 	ctx, a.cancel = context.WithCancelCause(ctx)
 	if d := s.p.p.PerAttemptTimeout; d > 0 {
 		a.timeout = time.AfterFunc(d, func() {
-			a.timedOut.Store(true)
-			a.cancel(errAttemptTimeout)
+			if a.fate.CompareAndSwap(attemptOpen, attemptExpired) {
+				a.cancel(errAttemptTimeout)
+			}
 		})
 	}
 	if s.tracer != nil {
@@ -398,7 +402,7 @@ func (s *retryStream) watchHeaders(a *streamAttempt) {
 		return
 	}
 	s.mu.Lock()
-	if s.a == a && !s.finished {
+	if s.a == a && !s.finished && !a.expired() {
 		s.answeredLocked()
 	}
 	s.mu.Unlock()
@@ -418,9 +422,9 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 		if a.notSent != nil {
 			return s.notSentLocked(a, last)
 		}
-		end := attemptEnd{n: a.n, err: err, timedOut: a.timedOut.Load(), reached: a.cs != nil, client: a.clientErr}
+		end := attemptEnd{n: a.n, err: err, timedOut: a.expired(), reached: a.cs != nil, client: a.clientErr}
 		if end.timedOut {
-			end.err = status.Error(codes.DeadlineExceeded, errAttemptTimeout.Error())
+			end.err = errExpired()
 		}
 		if a.cs != nil {
 			// gRFC A6: a server that sent response headers has the call;
@@ -484,6 +488,21 @@ func (a *streamAttempt) recv(m any) error {
 	return err
 }
 
+// The fates of a stream attempt under a per-attempt timeout.
+const (
+	attemptOpen    int32 = iota // neither yet
+	attemptKept                 // the stream committed first: the timeout does nothing
+	attemptExpired              // the timeout fired first: the attempt is cancelled, and its answer not taken
+)
+
+// expired reports whether a's per-attempt timeout fired before the stream
+// committed to it.
+func (a *streamAttempt) expired() bool { return a.fate.Load() == attemptExpired }
+
+// errExpired is what an attempt whose per-attempt timeout fired first
+// ended with, whatever gRPC returned after its context was cancelled.
+func errExpired() error { return status.Error(codes.DeadlineExceeded, errAttemptTimeout.Error()) }
+
 // release stops an attempt's timeout and cancels its context, freeing what
 // gRPC holds for it. Its header and trailer stay readable.
 func (a *streamAttempt) release() {
@@ -503,6 +522,11 @@ func (s *retryStream) commitLocked(overflow bool) {
 	s.buf, s.ends, s.bufBytes = nil, nil, 0
 	if t := s.a.timeout; t != nil {
 		t.Stop()
+		// If the timeout fired first, the attempt is cancelled: the
+		// stream commits to it all the same (Context, an overflow, the
+		// headers of an attempt already ended), and fails with
+		// DeadlineExceeded (recvCommitted).
+		s.a.fate.CompareAndSwap(attemptOpen, attemptKept)
 	}
 }
 
@@ -671,6 +695,10 @@ func (s *retryStream) RecvMsg(m any) error {
 		func(a *streamAttempt) { err = a.recv(m) },
 		func(a *streamAttempt) (step, error) {
 			switch {
+			case a == s.a && !s.committed && !s.finished && err == nil && a.expired():
+				// The message came as the attempt's timeout fired: the
+				// timeout was first, and the message is not taken.
+				return stepRetry, errExpired()
 			case err == nil:
 				s.received++
 				if a == s.a {
@@ -705,7 +733,11 @@ func (s *retryStream) RecvMsg(m any) error {
 // may still be learning how the attempt ended, and two receives at once on
 // one gRPC stream would lose its end.
 func (s *retryStream) recvCommitted(a *streamAttempt, m any) error {
-	return s.recvDone(a.recv(m))
+	err := a.recv(m)
+	if err != nil && err != io.EOF && a.expired() && s.ctx.Err() == nil {
+		err = errExpired() // gRPC says Canceled: the attempt's timeout cancelled it
+	}
+	return s.recvDone(err)
 }
 
 // recvDone records what a RecvMsg that is not retried returned, and ends
@@ -780,6 +812,8 @@ func (s *retryStream) Header() (metadata.MD, error) {
 			switch {
 			case a != s.a || s.finished:
 				return stepAgain, nil
+			case md != nil && !s.committed && a.expired():
+				return stepRetry, errExpired() // the timeout was first
 			case md != nil:
 				s.answeredLocked()
 				s.mu.Unlock()
@@ -1022,7 +1056,7 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		// deadline ended the stream it was serving: that says nothing of
 		// its load, and a watch stream lives until its deadline.
 		attemptDone(s.ctl, nil)
-	case timedOutIn(s.ctx, s.ctl, err, a.timedOut.Load(), a.asked, a.sent):
+	case timedOutIn(s.ctx, s.ctl, err, a.expired(), a.asked, a.sent):
 		// Unanswered when the caller's deadline passed: told as the
 		// time it waited in the line against the time it had left.
 	default:
