@@ -68,10 +68,9 @@ const (
 // tracing holds the tracer, made once in New from the tracer provider given,
 // or from the global provider as it is then, which, before an SDK is
 // installed, forwards to the first one installed later (as otelgrpc relies
-// on). So that calls do no span work while nothing would record it, New
-// asks the provider once whether it makes spans at all (see makesSpans):
-// a no-op provider never will; OpenTelemetry's global provider before an
-// SDK is installed does not yet, and calls skip span work for as long as
+// on). So that calls do no span work while nothing would record it, a
+// no-op provider turns tracing off, and OpenTelemetry's global provider
+// before an SDK is installed (initialGlobal) turns it off for as long as
 // otel.GetTracerProvider still returns it.
 type tracing struct {
 	tr trace.Tracer // nil: tracing off for good
@@ -89,10 +88,22 @@ func (t *tracing) init(tp trace.TracerProvider) {
 		return
 	}
 	t.tr = tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version))
-	if comparable(tp) && tp == otel.GetTracerProvider() && !makesSpans(t.tr) {
+	if comparable(tp) && tp == initialGlobal && !initialMakesSpans && tp == otel.GetTracerProvider() {
 		t.unset = tp
 	}
 }
+
+// initialGlobal is the global tracer provider as it was when this package
+// was initialized: OpenTelemetry's own, which makes no spans until an SDK
+// is installed, unless a package initialized earlier installed one, which
+// initialMakesSpans tells. It is asked once here, so that New starts no
+// span: a probe span started on an SDK whose sampler does not follow the
+// parent (AlwaysSample, a ratio of trace IDs) is sampled and exported, and
+// when New asked, each New sent one to the user's backend.
+var (
+	initialGlobal     = otel.GetTracerProvider()
+	initialMakesSpans = !comparable(initialGlobal) || makesSpans(initialGlobal.Tracer(ScopeName))
+)
 
 // tracer returns the tracer of this call, or nil when tracing is off.
 func (t *tracing) tracer() trace.Tracer {
@@ -117,7 +128,7 @@ var probeParent = trace.NewSpanContext(trace.SpanContextConfig{
 func makesSpans(tr trace.Tracer) bool {
 	ctx := trace.ContextWithRemoteSpanContext(context.Background(), probeParent)
 	_, span := tr.Start(ctx, "herdguard.probe")
-	span.End() // unsampled: an SDK records and exports nothing of it
+	span.End() // as every span; only an SDK installed before this package's init sees it
 	return span.SpanContext().SpanID() != probeParent.SpanID()
 }
 

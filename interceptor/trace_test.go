@@ -266,6 +266,27 @@ func TestGlobalProviderInstalledAfterNew(t *testing.T) {
 	}
 }
 
+// TestNewExportsNoProbe: New tells whether the global provider has an SDK
+// behind it by starting a span; with a global SDK that samples every span,
+// that span must not reach its exporter.
+func TestNewExportsNoProbe(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSpanProcessor(rec))
+	old := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(old) })
+	ic, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ic.tracing.tracer() == nil {
+		t.Error("tracing off with a global SDK installed")
+	}
+	if started := rec.Started(); len(started) > 0 {
+		t.Errorf("New started %d spans (%s), want none: ended, an exporter would send them", len(started), started[0].Name())
+	}
+}
+
 func TestNoopProviderIsOff(t *testing.T) {
 	for _, tp := range []trace.TracerProvider{noop.NewTracerProvider(), &noop.TracerProvider{}} {
 		var tr tracing
@@ -503,19 +524,15 @@ func TestHedgedStreamWithoutAttemptsReportsNoHedges(t *testing.T) {
 	}
 }
 
-// New asks the global provider whether it makes spans by starting a probe
-// span, which must end like every other span.
+// makesSpans ends the span it starts, as every span must end.
 func TestProviderProbeSpanEnds(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSpanProcessor(rec))
-	prev := otel.GetTracerProvider()
-	otel.SetTracerProvider(tp)
-	t.Cleanup(func() { otel.SetTracerProvider(prev) })
-	if _, err := New(); err != nil {
-		t.Fatal(err)
+	if !makesSpans(tp.Tracer("")) {
+		t.Error("makesSpans = false for an SDK")
 	}
-	if started, ended := len(rec.Started()), len(rec.Ended()); started == 0 || started != ended {
-		t.Errorf("New started %d span(s) and ended %d; want the probe started and ended", started, ended)
+	if started, ended := len(rec.Started()), len(rec.Ended()); started != 1 || ended != 1 {
+		t.Errorf("makesSpans started %d span(s) and ended %d; want 1 and 1", started, ended)
 	}
 }
 
