@@ -43,7 +43,6 @@ package herdguard
 
 import (
 	"strconv"
-	"strings"
 
 	"google.golang.org/grpc/codes"
 )
@@ -107,20 +106,6 @@ func CodeName(c codes.Code) string {
 		return codeNames[c]
 	}
 	return "UNKNOWN"
-}
-
-// ParseCode parses a code's specification name, in any case
-// ("UNAVAILABLE", "Unavailable"), or its number ("14").
-func ParseCode(s string) (codes.Code, bool) {
-	for i, name := range codeNames {
-		if strings.EqualFold(s, name) || strings.EqualFold(s, codes.Code(i).String()) {
-			return codes.Code(i), true
-		}
-	}
-	if n, err := strconv.ParseUint(s, 10, 32); err == nil && IsKnownCode(codes.Code(n)) {
-		return codes.Code(n), true
-	}
-	return 0, false
 }
 
 var codeNames = [...]string{
