@@ -209,7 +209,11 @@ type Controller struct {
 	carried float64
 	// The most answers in one interval of this episode.
 	tookMost float64
-	cut      bool // the last interval's refusals cut the rate
+	// moreClean is true when the last interval of this episode that took
+	// clearly more than any before it (see closeLocked) had cleanAnswers
+	// answers or more and no refusal.
+	moreClean bool
+	cut       bool // the last interval's refusals cut the rate
 }
 
 type waiter struct {
@@ -463,7 +467,7 @@ func (c *Controller) beginLocked(now time.Time) {
 	c.pacing.Store(true)
 	c.episodes.Add(1)
 	c.rate, c.tokens, c.refilled = 1, 0, now
-	c.ceiling, c.setbacks, c.quiet, c.tookMost, c.cut = 0, 0, 0, 0, false
+	c.ceiling, c.setbacks, c.quiet, c.tookMost, c.cut, c.moreClean = 0, 0, 0, 0, false, false
 	c.before = c.known
 	c.growAt = time.Time{}
 	c.arrived, c.sent, c.lastIn, c.waited = 0, 0, 0, false
@@ -599,16 +603,28 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 	// which may add to it (below), explains some of its refusals.
 	base := c.baseLocked()
 	if ok > c.tookMost {
-		// The server took more than in any interval of this episode
-		// before: no capacity it showed bounded it, so the refusals
-		// beside are taken for its share of independent failures,
-		// counted as while calm. A capacity cut has one such interval,
-		// as the rate passes the cut (a tenth learnt at most, in the
-		// tests). Without this a fresh client, which knows no calm, took
-		// a server that fails 30 % of attempts on its own for one
-		// overloaded for good, once paced.
-		if !c.collapsed.Load() && fail < c.s.FailureRatio*(ok+fail) {
-			c.baseAddLocked(fail, ok+fail, 1)
+		// The server took clearly more than in any interval of this
+		// episode before: no capacity it showed bounded it, so the
+		// refusals beside are taken for its share of independent
+		// failures, counted as while calm. Without this a fresh client,
+		// which knows no calm, took a server that fails 30 % of attempts
+		// on its own for one overloaded for good, once paced.
+		//
+		// Not after such an interval that had cleanAnswers answers or
+		// more and no refusal: a server that failed nothing on its own at
+		// the lower rate refuses for load at this one. That is a capacity
+		// cut, as the rate passes it; before, a fresh client learnt from
+		// that one interval a share of independent failures of up to a
+		// fifth, as the rate passed the cut by more or less, and then
+		// took a share of the cut's refusals for its own. "Clearly"
+		// (moreMargin) leaves out the interval that takes an answer or
+		// two more than the cut because answers near the end of an
+		// interval fall into the next.
+		if ok >= moreMargin*c.tookMost {
+			if !c.moreClean && !c.collapsed.Load() && fail < c.s.FailureRatio*(ok+fail) {
+				c.baseAddLocked(fail, ok+fail, 1)
+			}
+			c.moreClean = fail == 0 && ok >= cleanAnswers
 		}
 		c.tookMost = ok
 	}
@@ -762,6 +778,18 @@ const triggerMargin = 2
 // baseKeep is the weight an interval's counts keep in the server's share
 // of independent failures for each interval since.
 const baseKeep = 0.95
+
+// cleanAnswers is how many answers without a refusal, in an interval
+// that took more than any before it, show that the server's refusals at a
+// higher rate are load (see closeLocked): a server that fails 30 % of
+// attempts on its own answers 10 in a row in 3 % of such intervals.
+const cleanAnswers = 10
+
+// moreMargin is how much more than any interval of an episode before it an
+// interval must take for its refusals to teach the share of independent
+// failures (see closeLocked): the rate grows by a quarter at a time, and
+// answers that cross an interval's end move a few percent.
+const moreMargin = 1.1
 
 // triggerLocked reports whether fail refusals of n attempts (at least
 // MinFailures; see triggerCountLocked) say that a calm server is

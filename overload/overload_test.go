@@ -428,6 +428,48 @@ func capacityCut(t *testing.T, fresh bool, run, least int) {
 	t.Logf("run %d: %d sent, %d refused in the last 5 s of %d sent (took %d); %d not sent; base %.3f", run, r.sent, r.refusedLate, r.sentLate, r.sentLate-r.refusedLate, r.lost, base)
 }
 
+// TestCrossingACutTeachesNoIndependentFailures: while paced, the refusals
+// of an interval that took more than any before it are the server's share
+// of independent failures, unless an interval before it took clearly less
+// and was refused nothing: then they are load, the rate passing a cut. A
+// fresh client crossing a cut of 50 at 70 learnt before a share of 0.12
+// from the crossing alone (up to 0.19 in the capacity-cut test, with
+// attempts answered at once); a server that fails from the start still
+// teaches its share, and an interval that takes only a little more than
+// the most before it (answers that crossed an interval's end) teaches
+// nothing.
+func TestCrossingACutTeachesNoIndependentFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		intervals [][2]int // answered, refused
+		low, high float64  // the share learnt
+	}{
+		{"a cut crossed after a clean interval", [][2]int{{3, 0}, {14, 0}, {70, 12}}, 0, 0},
+		{"then a little more, refused", [][2]int{{3, 0}, {14, 0}, {50, 12}, {53, 10}, {54, 9}}, 0, 0},
+		{"independent failures from the start", [][2]int{{3, 1}, {14, 6}, {70, 30}}, 0.25, 0.35},
+		{"a clean interval too small to tell", [][2]int{{3, 0}, {9, 0}, {40, 12}}, 0.15, 0.25},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, clk := newController(t, Settings{})
+			c.mu.Lock()
+			c.beginLocked(clk.Now())
+			c.mu.Unlock()
+			for _, iv := range tc.intervals {
+				report(c, Answered, iv[0])
+				report(c, Overloaded, iv[1])
+				clk.Advance(DefaultInterval)
+			}
+			c.mu.Lock()
+			c.advanceLocked(clk.Now())
+			base := c.baseLocked()
+			c.mu.Unlock()
+			if base < tc.low || base > tc.high {
+				t.Errorf("share of independent failures learnt = %.3f, want %.2f to %.2f", base, tc.low, tc.high)
+			}
+		})
+	}
+}
+
 // driven is what drive saw: when the pacing ended (-1: it did not), the
 // attempts sent and not, and those sent and refused in its second half.
 type driven struct {
