@@ -402,7 +402,7 @@ func (s *retryStream) watchHeaders(a *streamAttempt) {
 		return
 	}
 	s.mu.Lock()
-	if s.a == a && !s.finished && !a.expired() {
+	if s.a == a && !s.finished && a.keep() {
 		s.answeredLocked()
 	}
 	s.mu.Unlock()
@@ -498,6 +498,13 @@ const (
 // expired reports whether a's per-attempt timeout fired before the stream
 // committed to it.
 func (a *streamAttempt) expired() bool { return a.fate.Load() == attemptExpired }
+
+// keep claims a, whose answer just came, against its per-attempt timeout:
+// it reports false when the timeout fired first, and the answer is not to
+// be taken. Once it reports true, the timeout can no longer cancel a.
+func (a *streamAttempt) keep() bool {
+	return a.timeout == nil || a.fate.CompareAndSwap(attemptOpen, attemptKept) || a.fate.Load() == attemptKept
+}
 
 // errExpired is what an attempt whose per-attempt timeout fired first
 // ended with, whatever gRPC returned after its context was cancelled.
@@ -695,7 +702,7 @@ func (s *retryStream) RecvMsg(m any) error {
 		func(a *streamAttempt) { err = a.recv(m) },
 		func(a *streamAttempt) (step, error) {
 			switch {
-			case a == s.a && !s.committed && !s.finished && err == nil && a.expired():
+			case a == s.a && !s.committed && !s.finished && err == nil && !a.keep():
 				// The message came as the attempt's timeout fired: the
 				// timeout was first, and the message is not taken.
 				return stepRetry, errExpired()
@@ -812,7 +819,7 @@ func (s *retryStream) Header() (metadata.MD, error) {
 			switch {
 			case a != s.a || s.finished:
 				return stepAgain, nil
-			case md != nil && !s.committed && a.expired():
+			case md != nil && !s.committed && !a.keep():
 				return stepRetry, errExpired() // the timeout was first
 			case md != nil:
 				s.answeredLocked()
