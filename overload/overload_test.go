@@ -429,9 +429,10 @@ func capacityCut(t *testing.T, fresh bool, run, least int) {
 }
 
 // TestCrossingACutTeachesNoIndependentFailures: while paced, the refusals
-// of an interval that took more than any before it are the server's share
-// of independent failures, unless an interval before it took clearly less
-// and was refused nothing: then they are load, the rate passing a cut. A
+// of an interval that took clearly more than any before it are the
+// server's share of independent failures, unless the last such interval
+// before it had 10 answers or more and was refused nothing: then they are
+// load, the rate passing a cut. A
 // fresh client crossing a cut of 50 at 70 learnt before a share of 0.12
 // from the crossing alone (up to 0.19 in the capacity-cut test, with
 // attempts answered at once); a server that fails from the start still
