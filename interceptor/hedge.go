@@ -345,7 +345,7 @@ func (h *hedgeCall) decideLocked(a *hedgeAttempt, err error, outcome Outcome) {
 }
 
 // hedgeLocked sends the next hedge, if the call is undecided, attempts
-// remain, and the rules allow it; then it arms the timer for the one after.
+// remain, and the rules allow it, and arms the timer for the one after.
 func (h *hedgeCall) hedgeLocked() {
 	if h.decided || h.noMore || len(h.attempts) >= h.max {
 		return
@@ -361,12 +361,14 @@ func (h *hedgeCall) hedgeLocked() {
 	a := h.newAttemptLocked(len(h.attempts) + 1)
 	h.notBefore = time.Time{} // the pushback's wait, if any, is over
 	h.outstanding++
+	// The timer for the one after is armed before the hedge goes, so that
+	// it is set by the time the hedge can reach the server.
+	h.armLocked(h.delay)
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
 		h.report(a, h.run(a))
 	}()
-	h.armLocked(h.delay)
 }
 
 // refuseLocked stops hedging because the breaker, the throttling or the
