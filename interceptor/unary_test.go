@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,10 +147,9 @@ func TestRetryableCodesReplaceDefaults(t *testing.T) {
 }
 
 func TestPerAttemptTimeoutIsRetried(t *testing.T) {
-	var n int
+	var n atomic.Int32 // the attempts run in handlers of their own
 	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-		n++
-		if n == 1 {
+		if n.Add(1) == 1 {
 			<-ctx.Done() // hang until the attempt's own timeout
 			return nil, ctx.Err()
 		}
