@@ -44,9 +44,14 @@ type Scenario struct {
 	// Bucket is the width of the buckets a steady-load run's completions
 	// are counted in (goodput, recovery); 0 means 250 ms.
 	Bucket time.Duration
-	Faults Faults
+	// Workers, if above 0, makes the scenario a closed loop: Workers
+	// callers, each making one call after another for Duration, each call
+	// with its own Deadline.
+	Workers int
+	Faults  Faults
 
-	herd bool // one of the herds at a given capacity (see [Herd])
+	herd    bool // one of the herds at a given capacity (see [Herd])
+	partial bool // one of the partial failures (see [Partial])
 }
 
 // Published is the published experiment: 1000 calls, each attempt failing
@@ -206,11 +211,12 @@ func IdempotencyStrategies(sc Scenario) []Strategy {
 // per (shorter) window.
 func (sc Scenario) Scale(s float64) Scenario {
 	sc.Base, sc.Cap = scaleDur(sc.Base, s), scaleDur(sc.Cap, s)
-	if sc.Rate > 0 && s > 0 {
+	if (sc.Rate > 0 || sc.Workers > 0) && s > 0 {
 		sc.Rate *= s
-		sc.Duration, sc.Deadline = scaleDur(sc.Duration, s), scaleDur(sc.Deadline, s)
+		sc.Duration = scaleDur(sc.Duration, s)
 		sc.Bucket = scaleDur(sc.bucket(), s)
 	}
+	sc.Deadline = scaleDur(sc.Deadline, s)
 	f := &sc.Faults
 	f.Outage, f.CapacityWindow, f.RecoverAfter, f.Window = scaleDur(f.Outage, s), scaleDur(f.CapacityWindow, s), scaleDur(f.RecoverAfter, s), scaleDur(f.Window, s)
 	f.QueueLimit, f.TriggerFor = scaleDur(f.QueueLimit, s), scaleDur(f.TriggerFor, s)
@@ -371,13 +377,19 @@ func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial [
 	}
 	// The server's clock starts at the first attempt it counts, so the herd
 	// opens its first window and each wave of retries keeps that offset.
-	if sc.Rate > 0 {
+	switch {
+	case sc.Rate > 0:
 		return r.runSteady(ctx, sc, res, client, ctl)
+	case sc.Workers > 0:
+		return r.runClosed(ctx, sc, res, client, ctl)
 	}
 
 	// A generous bound per call: no call of a scenario needs longer than all
 	// its waits at their cap.
 	callTimeout := time.Duration(sc.Attempts)*sc.Cap + 10*time.Second
+	if sc.Deadline > 0 {
+		callTimeout = sc.Deadline
+	}
 	began := time.Now()
 	var h herd
 	if sc.Interval > 0 {

@@ -35,6 +35,18 @@ func Herd(c int) Scenario {
 // Herds are the herds at C = 20, 80 and 320.
 func Herds() []Scenario { return []Scenario{Herd(20), Herd(80), Herd(320)} }
 
+// HerdDeadline is Herd(c) with a deadline of 30 s on each call, as callers
+// nearly always have: a pacer that knew C would serve every call within 6 s
+// at C = 20.
+func HerdDeadline(c int) Scenario {
+	sc := Herd(c)
+	sc.Name, sc.Deadline = fmt.Sprintf("herd at C = %d, 30 s deadlines", c), 30*time.Second
+	return sc
+}
+
+// HerdsDeadline are the herds with deadlines at C = 20, 80 and 320.
+func HerdsDeadline() []Scenario { return []Scenario{HerdDeadline(20), HerdDeadline(80), HerdDeadline(320)} }
+
 // IsHerd reports whether sc is one of the herds made by [Herd].
 func (sc Scenario) IsHerd() bool { return sc.herd }
 
@@ -81,8 +93,9 @@ func SteadyGentle() Scenario {
 // SteadyGentle.
 func SteadyScenarios() []Scenario { return []Scenario{SteadyCut(), SteadyOutage(), SteadyGentle()} }
 
-// IsSteady reports whether sc is steady load (its Rate is above 0).
-func (sc Scenario) IsSteady() bool { return sc.Rate > 0 }
+// IsSteady reports whether sc is steady load with a brownout (its Rate is
+// above 0, and it is not a partial failure).
+func (sc Scenario) IsSteady() bool { return sc.Rate > 0 && !sc.partial }
 
 func (sc Scenario) bucket() time.Duration {
 	if sc.Bucket > 0 {
@@ -232,6 +245,13 @@ func (r *Runner) runSteady(ctx context.Context, sc Scenario, res Result, client 
 	wg.Wait()
 	res.Elapsed = time.Since(t0)
 	st.Calls = calls[:started]
+	return r.steadyResult(ctx, res, st, ctl)
+}
+
+// steadyResult fills res from the calls st recorded and the server's
+// counts.
+func (r *Runner) steadyResult(ctx context.Context, res Result, st *Steady, ctl demov1.GatewayServiceClient) (Result, error) {
+	res.Calls = len(st.Calls)
 	res.Steady = st
 	res.Outcomes = map[string]int{}
 	for _, c := range st.Calls {
@@ -242,7 +262,7 @@ func (r *Runner) runSteady(ctx context.Context, sc Scenario, res Result, client 
 		}
 	}
 	slices.Sort(res.Latencies)
-	res.Failed = n - res.Succeeded
+	res.Failed = res.Calls - res.Succeeded
 	res.FastFails = res.Outcomes[string(interceptor.OutcomeBreakerOpen)]
 	res.BudgetRefusals = res.Outcomes[string(interceptor.OutcomeBudgetExhausted)]
 	var err error
