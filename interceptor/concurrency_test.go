@@ -95,7 +95,9 @@ func TestConcurrentMethodsWhenTheRetryCannotOpen(t *testing.T) {
 // Two receives at once on one gRPC stream would lose its end and hang.
 func TestCommitWhileSendLearnsTheEnd(t *testing.T) {
 	srv := testserver.Start(t, &testserver.Server{Bidi: alwaysUnavailable})
-	ic, err := New(withClock(newFakeClock()), withRand(fixedRand(0.5)), WithoutBreaker(),
+	// Every attempt fails: the overload controller would find the server
+	// down and open no stream.
+	ic, err := New(withClock(newFakeClock()), withRand(fixedRand(0.5)), WithoutBreaker(), WithoutOverloadControl(),
 		WithPolicy(policy.Policy{MaxAttempts: 2}))
 	if err != nil {
 		t.Fatal(err)

@@ -77,6 +77,14 @@ func (f *fakeClock) advance(d time.Duration) time.Time {
 	return f.now
 }
 
+// Pass moves the clock forward by d, as time passing between calls: no
+// wait is recorded.
+func (f *fakeClock) Pass(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = f.now.Add(d)
+}
+
 func (f *fakeClock) Waits() []time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()

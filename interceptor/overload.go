@@ -86,15 +86,19 @@ func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *over
 // overload fresh calls go first, and a retry goes as soon as the server
 // takes it, not a backoff later.
 func inLine(ctl *overload.Controller, d decision, err error) bool {
-	return ctl != nil && ctl.Pacing() && d.jitter != "pushback" && loadOutcome(err) == overload.Overloaded
+	if ctl == nil || !ctl.Pacing() || d.jitter == "pushback" {
+		return false
+	}
+	o := loadOutcome(err)
+	return o == overload.Overloaded || o == overload.Late
 }
 
 // shedError is the error of a call whose attempt n was shed: the previous
 // attempt's error (last), or, for a first attempt, an Unavailable status
 // that says so. Either way it is a *RetryError with OutcomeShed.
-func shedError(n int, last error) error {
+func shedError(n int, last, shed error) error {
 	if last == nil {
-		last = status.Error(codes.Unavailable, "herdguard: "+overload.ErrShed.Error())
+		last = status.Error(codes.Unavailable, "herdguard: "+shed.Error())
 	}
 	return &RetryError{Attempts: n - 1, Outcome: OutcomeShed, Err: last}
 }
@@ -167,18 +171,21 @@ func attemptDone(ctl *overload.Controller, err error) {
 }
 
 // loadOutcome is what an attempt's end says of the server's load: no
-// error, or any code the server answered with, is an answer; Unavailable,
-// ResourceExhausted and DeadlineExceeded (the server did not answer in
-// time) are overload signals, unless the client made them itself; a
-// cancellation says nothing.
+// error, or any code the server answered with, is an answer; Unavailable
+// and ResourceExhausted are refusals for load (Overloaded), and
+// DeadlineExceeded (the server did not answer in time) is Late, unless the
+// client made them itself; a cancellation says nothing.
 func loadOutcome(err error) overload.Outcome {
 	if err == nil {
 		return overload.Answered
 	}
-	switch status.Code(err) {
+	switch c := status.Code(err); c {
 	case codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded:
-		if clientSide(err) {
+		switch {
+		case clientSide(err):
 			return overload.Ignored
+		case c == codes.DeadlineExceeded:
+			return overload.Late
 		}
 		return overload.Overloaded
 	case codes.Canceled:

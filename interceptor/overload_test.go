@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,7 +32,7 @@ func TestLoadOutcome(t *testing.T) {
 		{status.Error(codes.InvalidArgument, "bad"), overload.Answered},
 		{status.Error(codes.Unavailable, "down"), overload.Overloaded},
 		{status.Error(codes.ResourceExhausted, "busy"), overload.Overloaded},
-		{status.Error(codes.DeadlineExceeded, "slow"), overload.Overloaded},
+		{status.Error(codes.DeadlineExceeded, "slow"), overload.Late},
 		{status.Error(codes.ResourceExhausted, "trying to send message larger than max (9 vs. 1)"), overload.Ignored},
 		{status.Error(codes.Canceled, "caller"), overload.Ignored},
 	} {
@@ -63,14 +64,18 @@ func TestOverloadControlDefault(t *testing.T) {
 	}
 }
 
-// overloaded makes a client whose server refuses the first n attempts
-// (Unavailable) and then answers, with a controller that starts pacing
-// after 3 refusals; it sends those n calls, one attempt each.
+// overloaded makes a client whose server answers one attempt, refuses the
+// next n+1 (Unavailable) and then answers, with a controller that starts
+// pacing after 3 refusals; it sends those n+2 calls, one attempt each: the
+// last is the probe the controller sends at once when it begins, which the
+// server refuses. (A server that has answered nothing is down, not
+// overloaded: its attempts are not held but refused at once, but for a
+// probe per interval.)
 func overloaded(t *testing.T, n int, opts ...Option) (*fakeClock, grpc_testing.TestServiceClient, *Interceptor) {
 	t.Helper()
-	codesList := make([]codes.Code, n+1)
-	for i := range n {
-		codesList[i] = codes.Unavailable
+	codesList := make([]codes.Code, n+3)
+	for i := range n + 1 {
+		codesList[i+1] = codes.Unavailable
 	}
 	sc := fail(codesList...)
 	srv := testserver.Start(t, &testserver.Server{Unary: sc.unary,
@@ -84,6 +89,10 @@ func overloaded(t *testing.T, n int, opts ...Option) (*fakeClock, grpc_testing.T
 		t.Fatal(err)
 	}
 	c := srv.Client(t, ic.DialOptions()...)
+	if err := call(t, c); err != nil {
+		t.Fatalf("scripted answer: %v", err)
+	}
+	clk.Pass(overload.DefaultInterval) // the answer is in a calm interval of its own
 	for range n {
 		if err := call(t, c); status.Code(err) != codes.Unavailable {
 			t.Fatalf("scripted failure: %v", err)
@@ -92,11 +101,36 @@ func overloaded(t *testing.T, n int, opts ...Option) (*fakeClock, grpc_testing.T
 	if !ic.controllerFor(testserver.Target).Pacing() {
 		t.Fatal("not pacing after the refusals")
 	}
+	if err := call(t, c); status.Code(err) != codes.Unavailable { // the first probe, at once
+		t.Fatalf("scripted failure of the first probe: %v", err)
+	}
 	return clk, c, ic
 }
 
-// An attempt held back waits for the controller's next token (a probe, an
-// interval later on the fake clock), is traced as a held span under the
+// nextProbe is how long after the episode began, on the fake clock, the
+// controller sends its next probe: it probes four times in the interval in
+// which the episode began.
+const nextProbe = overload.DefaultInterval / 4
+
+// confirmBatch is the confirmation batch that an answered probe begins
+// when the interval that began the episode had fewer answers than that
+// (overload's confirmMin): the calls that make it.
+const confirmBatch = 4
+
+// confirmLoad makes the calls of the confirmation an answered probe
+// begins: the server answers them, so its refusals were load and the rate
+// restarts.
+func confirmLoad(t *testing.T, c grpc_testing.TestServiceClient) {
+	t.Helper()
+	for i := range confirmBatch {
+		if err := call(t, c); err != nil {
+			t.Fatalf("confirmation call %d: %v", i+1, err)
+		}
+	}
+}
+
+// An attempt held back waits for the controller's next token (a probe,
+// nextProbe later on the fake clock), is traced as a held span under the
 // call and measured, and then goes.
 func TestOverloadHoldsAnAttempt(t *testing.T) {
 	rec, tp := newRecorder()
@@ -115,8 +149,8 @@ func TestOverloadHoldsAnAttempt(t *testing.T) {
 		for _, kv := range s.Attributes() {
 			attrs[kv.Key] = kv.Value
 		}
-		if attrs[AttrHeldMS].AsFloat64() != 100 || attrs[AttrAttempt].AsInt64() != 1 || attrs[AttrShed].AsBool() {
-			t.Errorf("held span attributes %v, want 100ms before attempt 1, not shed", attrs)
+		if attrs[AttrHeldMS].AsFloat64() != float64(nextProbe/time.Millisecond) || attrs[AttrAttempt].AsInt64() != 1 || attrs[AttrShed].AsBool() {
+			t.Errorf("held span attributes %v, want %v before attempt 1, not shed", attrs, nextProbe)
 		}
 		if !s.Parent().IsValid() {
 			t.Error("held span has no parent call span")
@@ -151,9 +185,10 @@ func TestOverloadShedsAttempt(t *testing.T) {
 	for range 3 {
 		_ = call(t, c)
 	}
-	if err := call(t, c); err != nil { // held for the probe; its answer restarts the rate at 3
+	if err := call(t, c); err != nil { // held for the probe; its answer ends the collapse
 		t.Fatalf("probe call: %v", err)
 	}
+	confirmLoad(t, c) // and the batch answered restarts the rate at 3
 	sent := len(srv.Attempts())
 	// The fake clock runs ahead of real time: a real deadline one second
 	// away is already past on it, so no rate can meet it.
@@ -192,10 +227,10 @@ func TestOverloadHoldsAStream(t *testing.T) {
 	if !ic.controllerFor(testserver.Target).Pacing() {
 		t.Fatal("the controller stopped pacing")
 	}
-	// Held for the probe's token, an interval later on the fake clock.
-	if asked, sent := attemptTimes(t, s); !sent.Equal(clk.Now()) || sent.Sub(asked) != overload.DefaultInterval {
+	// Held for the next probe's token.
+	if asked, sent := attemptTimes(t, s); !sent.Equal(clk.Now()) || sent.Sub(asked) != nextProbe {
 		t.Errorf("paced stream's attempt: asked %v, sent %v (the clock now %v); want it sent now, held %v",
-			asked, sent, clk.Now(), overload.DefaultInterval)
+			asked, sent, clk.Now(), nextProbe)
 	}
 	srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *grpc_testing.StreamingOutputCallRequest, ss grpc_testing.TestService_StreamingOutputCallServer) error {
 		return nil
@@ -253,11 +288,15 @@ func TestOverloadStopsHedges(t *testing.T) {
 // for the retry.
 func TestOverloadRetryWaitsInLine(t *testing.T) {
 	rec, tp := newRecorder()
-	_, c, _, _ := setup(t, fail(codes.Unavailable, codes.Unavailable, codes.Unavailable, codes.Unavailable, codes.OK),
+	_, c, clk, _ := setup(t, fail(codes.OK, codes.Unavailable, codes.Unavailable, codes.Unavailable, codes.Unavailable, codes.Unavailable, codes.OK),
 		WithoutBreaker(), WithTracerProvider(tp), WithOverloadControl(overload.Settings{MinFailures: 3}),
 		WithPolicy(policy.Policy{MaxAttempts: 2}))
 	one := CallPolicy(policy.Policy{MaxAttempts: 1})
-	for range 3 {
+	if err := call(t, c); err != nil { // a server that answered: overloaded, not down
+		t.Fatal(err)
+	}
+	clk.Pass(overload.DefaultInterval)
+	for range 4 { // 3 start the pacing, and the first probe, sent at once
 		if err := call(t, c, one); status.Code(err) != codes.Unavailable {
 			t.Fatalf("scripted failure: %v", err)
 		}
@@ -290,8 +329,8 @@ func TestOverloadMetrics(t *testing.T) {
 	mrec, mp := newMetrics()
 	_, c, _ := overloaded(t, 3, WithMeterProvider(mp))
 	rate, ok := collect(t, mrec, MetricOverloadRate).(metricdata.Gauge[float64])
-	if !ok || len(rate.DataPoints) != 1 || rate.DataPoints[0].Value != 10 {
-		t.Fatalf("%s = %+v, want one target at one probe per 100ms (10/s)", MetricOverloadRate, rate)
+	if want := float64(time.Second / nextProbe); !ok || len(rate.DataPoints) != 1 || rate.DataPoints[0].Value != want {
+		t.Fatalf("%s = %+v, want one target at a probe per %v (%v/s)", MetricOverloadRate, rate, nextProbe, want)
 	}
 	if v, _ := rate.DataPoints[0].Attributes.Value(AttrTarget); v.AsString() != testserver.Target {
 		t.Errorf("rate's target = %q, want %q", v.AsString(), testserver.Target)
@@ -346,10 +385,11 @@ func TestOverloadLearnsAnswerTimes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := newFakeClock()
-			sc := fail(codes.Unavailable, codes.Unavailable, codes.Unavailable, codes.OK)
+			sc := fail(codes.OK, codes.Unavailable, codes.Unavailable, codes.Unavailable, codes.OK)
+			var slow atomic.Bool // answers take 400ms once pacing began
 			srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, req *grpc_testing.SimpleRequest) (*grpc_testing.SimpleResponse, error) {
 				r, err := sc.unary(ctx, req)
-				if err == nil {
+				if err == nil && slow.Load() {
 					clk.advance(400 * time.Millisecond) // a slow answer, on the interceptor's clock
 				}
 				return r, err
@@ -363,14 +403,20 @@ func TestOverloadLearnsAnswerTimes(t *testing.T) {
 			}
 			c := srv.Client(t, ic.DialOptions()...)
 			one := CallPolicy(policy.Policy{MaxAttempts: 1})
+			if err := call(t, c, one); err != nil { // a server that answered: overloaded, not down
+				t.Fatal(err)
+			}
+			clk.Pass(overload.DefaultInterval)
 			for range 3 {
 				if err := call(t, c, one); status.Code(err) != codes.Unavailable {
 					t.Fatalf("scripted failure: %v", err)
 				}
 			}
-			// The probe, then one more: two intervals with answers. No
-			// hedge goes while the controller paces.
-			for i := range 2 {
+			slow.Store(true)
+			// The probe, the confirmation's batch, then one more: two
+			// intervals with answers. No hedge goes while the
+			// controller paces.
+			for i := range 2 + confirmBatch {
 				if err := call(t, c); err != nil {
 					t.Fatalf("answer %d: %v", i, err)
 				}
@@ -585,6 +631,8 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				ctl.Done(overload.Answered) // a server that answered: overloaded, not down
+				clk.advance(overload.DefaultInterval)
 				for range overload.DefaultMinFailures {
 					ctl.Done(overload.Overloaded)
 				}
@@ -592,7 +640,10 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 				if _, err := ctl.Acquire(context.Background()); err != nil {
 					t.Fatal(err)
 				}
-				ctl.Done(overload.Answered) // the probe's answer: a slow start
+				ctl.Done(overload.Answered) // the probe's answer,
+				for range confirmBatch {    // and the batch's: a slow start
+					ctl.Done(overload.Answered)
+				}
 				before := ctl.State()
 				// The call's deadline passed: sent left before it, after
 				// waiting held in the line.

@@ -1040,7 +1040,7 @@ func (s *retryStream) breakerChangedLocked() {
 func (s *retryStream) notSentLocked(a *streamAttempt, last error) error {
 	if errors.Is(a.notSent, overload.ErrShed) {
 		s.outcome = OutcomeShed
-		return shedError(a.n, last)
+		return shedError(a.n, last, a.notSent)
 	}
 	s.outcome = contextOutcome(s.ctx.Err())
 	s.idleDeadline = true

@@ -353,7 +353,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 func (c *unaryCall) notSent(ctx context.Context, n int, last, err error) error {
 	if errors.Is(err, overload.ErrShed) {
 		c.outcome = OutcomeShed
-		return shedError(n, last)
+		return shedError(n, last, err)
 	}
 	c.outcome, c.idle = contextOutcome(ctx.Err()), true
 	return err

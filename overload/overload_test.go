@@ -588,10 +588,23 @@ func answerProbe(t *testing.T, c *Controller) {
 		t.Fatalf("probe: held %v, %v", d, err)
 	}
 	c.Done(Answered)
+	confirmLoad(c)
+}
+
+// confirmLoad answers every attempt of the confirmation an answered probe
+// began: the server took at the low rate what it refused at the high one,
+// so the refusals were load, and the rate restarts.
+func confirmLoad(c *Controller) {
+	c.mu.Lock()
+	k := c.confirmNeed
+	c.mu.Unlock()
+	report(c, Answered, k)
 }
 
 // A herd over a server that takes 20 per interval and then stays down:
-// one probe per interval newest first, then 90 % of the measured capacity.
+// probes newest first, the first at once, four in the interval in which
+// the herd began and then one per interval; once one is answered and the
+// confirmation's batch too, 90 % of the measured capacity.
 func TestHerdSequence(t *testing.T) {
 	c, clk := newController(t, Settings{})
 	report(c, Answered, 20)
@@ -599,28 +612,34 @@ func TestHerdSequence(t *testing.T) {
 	if !c.State().Pacing {
 		t.Fatal("not pacing after the herd")
 	}
-	out := make(chan grant, 10)
 	ctx := context.Background()
-	for id := range 3 {
+	if d, err := c.Acquire(ctx); d != 0 || err != nil {
+		t.Fatalf("first probe: held %v, %v; want it sent at once", d, err)
+	}
+	c.Done(Overloaded)
+	out := make(chan grant, 10)
+	for id := range 6 {
 		acquireAsync(ctx, c, id, out)
 		waitLine(t, c, id+1)
 	}
-	// The interval ends: collapsed (ceiling 20), one probe per interval,
-	// the first as the interval's token comes.
-	clk.Advance(DefaultInterval)
+	// The herd's interval: a probe every 25ms, newest first; it ends
+	// collapsed (ceiling 20), one probe per interval.
+	for _, want := range []int{5, 4, 3, 2} {
+		clk.Advance(DefaultInterval / 4)
+		if g := <-out; g.id != want || g.err != nil {
+			t.Fatalf("probe in the herd's interval went to %d (%v), want %d", g.id, g.err, want)
+		}
+		c.Done(Overloaded) // the server is still down
+	}
 	if got := rateOf(c); got != 1 {
 		t.Fatalf("rate after the herd's interval = %v per interval, want 1 (a probe)", got)
 	}
-	g := <-out
-	if g.id != 2 || g.err != nil {
-		t.Fatalf("first probe went to %d (%v), want the newest, 2", g.id, g.err)
-	}
-	c.Done(Overloaded) // the server is still down
 	clk.Advance(DefaultInterval)
 	if g := <-out; g.id != 1 {
-		t.Fatalf("second probe went to %d, want 1", g.id)
+		t.Fatalf("next probe went to %d, want 1", g.id)
 	}
-	c.Done(Answered) // it recovered: restart at 90 % of 20
+	c.Done(Answered) // it recovered,
+	confirmLoad(c)   // and takes the confirmation's batch: restart at 90 % of 20
 	if got := rateOf(c); got != 18 {
 		t.Fatalf("rate after recovery = %v per interval, want 18", got)
 	}
@@ -628,8 +647,8 @@ func TestHerdSequence(t *testing.T) {
 	if g := <-out; g.id != 0 || g.err != nil {
 		t.Fatalf("last waiter: %+v", g)
 	}
-	if st := c.State(); st.Delayed != 3 || st.Shed != 0 {
-		t.Errorf("delayed %d shed %d, want 3 and 0", st.Delayed, st.Shed)
+	if st := c.State(); st.Delayed != 6 || st.Shed != 0 {
+		t.Errorf("delayed %d shed %d, want 6 and 0", st.Delayed, st.Shed)
 	}
 }
 
@@ -774,10 +793,7 @@ func TestNoSheddingBelowTheSustainedRate(t *testing.T) {
 	clk.Advance(DefaultInterval)
 	// Restarted at 54 with 60 arriving: the spare is 5.4 an interval, so a
 	// waiter 20 places back would wait about 370ms, past its 100ms.
-	if _, err := c.Acquire(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	c.Done(Answered)
+	answerProbe(t, c)
 	c.mu.Lock()
 	c.lastIn, c.tokens = 60, 0
 	c.mu.Unlock()
@@ -980,7 +996,14 @@ func TestPacingEnds(t *testing.T) {
 }
 
 // A waiter whose deadline falls before its turn is shed at once; while
-// the server is collapsed nobody is shed before their deadline.
+// the server is collapsed nobody is shed before their deadline. Its turn
+// is told at what the server is known to take, as if nobody newer came:
+// attempts that come above the rate (a herd's retries) may stop, and they
+// did not count against a waiter's time. Counted at the spare above them
+// (a tenth of the rate here), the waiter one place back from the newest
+// was shed with 200ms to wait: a herd of 1000 calls with 30 s deadlines on
+// a server that takes 20 per window, which a pacer that knew it served by
+// 6 s, lost 460 of them so.
 func TestShedding(t *testing.T) {
 	c, clk := herdCollapsed(t)
 	out := make(chan grant, 10)
@@ -989,30 +1012,34 @@ func TestShedding(t *testing.T) {
 	if d, err := c.Acquire(ctx); d != 0 || err != nil { // the probe
 		t.Fatalf("probe: %v, %v", d, err)
 	}
-	near, cancelNear := context.WithDeadline(ctx, clk.Now().Add(50*time.Millisecond))
+	near, cancelNear := context.WithDeadline(ctx, clk.Now().Add(20*time.Millisecond))
 	defer cancelNear()
 	acquireAsync(near, c, 0, out)
 	waitLine(t, c, 1)
-	acquireAsync(ctx, c, 1, out)
+	soon, cancelSoon := context.WithDeadline(ctx, clk.Now().Add(40*time.Millisecond))
+	defer cancelSoon()
+	acquireAsync(soon, c, 1, out)
 	waitLine(t, c, 2)
 	acquireAsync(ctx, c, 2, out)
 	waitLine(t, c, 3)
 	if st := c.State(); st.Shed != 0 {
 		t.Fatalf("shed %d while collapsed", st.Shed)
 	}
-	// Recovery at 9 per interval, with 9 arrivals per interval before:
-	// the spare is a tenth of the rate, a token per 111ms, so the oldest
-	// waiter (two places back) cannot make its 50ms deadline.
+	// Recovery at 9 per interval (a token per 11ms), with 60 arrivals an
+	// interval before: the oldest waiter, two places back from the
+	// newest, has its turn in 33ms, past its 20ms; the one a place back
+	// has its turn in 22ms, within its 40ms.
 	c.mu.Lock()
-	c.lastIn = 9
+	c.lastIn = 60
 	c.mu.Unlock()
 	c.Done(Answered)
+	confirmLoad(c)
 	g := <-out
 	if g.id != 0 || !errors.Is(g.err, ErrShed) {
 		t.Fatalf("first result %+v, want 0 shed", g)
 	}
-	if st := c.State(); st.Shed != 1 {
-		t.Errorf("shed = %d, want 1", st.Shed)
+	if st := c.State(); st.Shed != 1 || st.Waiting != 2 {
+		t.Errorf("shed %d, waiting %d; want 1 and 2", st.Shed, st.Waiting)
 	}
 	cancel()
 	for range 2 {
@@ -1064,6 +1091,7 @@ func TestSlowStartLearnsNothing(t *testing.T) {
 // A retry waits behind every waiter, even those that come after it.
 func TestRetryWaitsAtTheBack(t *testing.T) {
 	c, clk := newController(t, Settings{})
+	report(c, Answered, 1) // a server that answered once: not down
 	report(c, Overloaded, 20)
 	clk.Advance(DefaultInterval) // collapsed: one probe per interval
 	// The probe.
@@ -1240,7 +1268,8 @@ func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 func TestAnswerSentCalmTookAtLeastTheEpisode(t *testing.T) {
 	c, clk := calmThenFail(t, 60) // pacing began now
 	clk.Advance(DefaultInterval + DefaultInterval/2)
-	c.AnsweredSentCalm() // restarts at 60 an interval
+	c.AnsweredSentCalm() // ends the collapse,
+	confirmLoad(c)       // and the batch restarts it at 60 an interval
 	clk.Advance(DefaultInterval)
 	setBucket(c, 60, 10, 0)
 	short, cancelShort := deadlineIn(clk, 140*time.Millisecond)
@@ -1339,7 +1368,8 @@ func TestLineDrainsOldestFirst(t *testing.T) {
 		acquireAsync(ctx, c, id, out)
 		waitLine(t, c, id+1)
 	}
-	c.Done(Answered) // the probe's answer: restart at the sustained 10
+	c.Done(Answered) // the probe's answer,
+	confirmLoad(c)   // and the batch's: restart at the sustained 10
 	if got := rateOf(c); got != 10 {
 		t.Fatalf("restart at %v per interval, want the sustained 10", got)
 	}
@@ -1385,6 +1415,7 @@ func TestLineBelowTheSustainedRateIsNewestFirst(t *testing.T) {
 	c.known = 5 // a setback lowered what the server is known to take
 	c.mu.Unlock()
 	c.Done(Answered)
+	confirmLoad(c)
 	if got := rateOf(c); got != 5 {
 		t.Fatalf("restart at %v, want 5", got)
 	}
@@ -1422,7 +1453,8 @@ func TestNoSheddingInARefusedInterval(t *testing.T) {
 	c.lastIn = 9 // arrivals as fast as the rate: no spare for the line
 	c.mu.Unlock()
 	c.Done(Overloaded) // a refusal in the interval of the restart
-	c.Done(Answered)   // the probe's answer: restart at 9
+	c.Done(Answered)   // the probe's answer,
+	confirmLoad(c)     // and the batch's: restart at 9
 	if got := rateOf(c); got != 9 {
 		t.Fatalf("restart at %v, want 90 %% of the 10 taken", got)
 	}
