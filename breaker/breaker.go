@@ -164,8 +164,12 @@ func newBreaker(scope string, s Settings) *Breaker {
 // gobreakerSettings translates validated settings with defaults filled into
 // gobreaker's. mirror is told every new state before OnStateChange is.
 func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.Settings {
-	consecutive, ratio, minRequests := s.ConsecutiveFailures, s.FailureRatio, s.MinRequests
+	consecutive, ratio, minRequests, downAfter := s.ConsecutiveFailures, s.FailureRatio, s.MinRequests, s.DownAfter
 	onChange := s.OnStateChange
+	// runStart is when the current run of consecutive failures began.
+	// gobreaker calls ReadyToTrip under its lock, at every failure of a
+	// closed breaker (never on the healthy path), so it guards it.
+	var runStart time.Time
 	return gobreaker.Settings{
 		Name:         scope,
 		MaxRequests:  s.HalfOpenMaxRequests,
@@ -173,7 +177,15 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 		BucketPeriod: s.Window / windowBuckets,
 		Timeout:      s.OpenTimeout,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
-			if c.ConsecutiveFailures >= consecutive {
+			if downAfter > 0 {
+				now := time.Now()
+				if c.ConsecutiveFailures <= 1 {
+					runStart = now
+				}
+				if c.ConsecutiveFailures >= consecutive && now.Sub(runStart) >= downAfter {
+					return true
+				}
+			} else if c.ConsecutiveFailures >= consecutive {
 				return true
 			}
 			finished := c.TotalSuccesses + c.TotalFailures

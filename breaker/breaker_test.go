@@ -2,6 +2,7 @@ package breaker_test
 
 import (
 	"errors"
+	"math/rand/v2"
 	"runtime"
 	"strings"
 	"sync"
@@ -262,6 +263,7 @@ func TestSettingsValidate(t *testing.T) {
 		{breaker.Settings{MaxOpenTimeout: -time.Second}, "MaxOpenTimeout", "-1s"},
 		{breaker.Settings{OpenTimeout: 2 * time.Second, MaxOpenTimeout: time.Second}, "MaxOpenTimeout", "below OpenTimeout (2s)"},
 		{breaker.Settings{Scope: 3}, "Scope", "3"},
+		{breaker.Settings{DownAfter: -time.Second}, "DownAfter", "-1s"},
 	}
 	for _, tt := range tests {
 		err := tt.s.Validate()
@@ -279,9 +281,108 @@ func TestSettingsValidate(t *testing.T) {
 		t.Errorf("zero Settings: %v", err)
 	}
 	d := breaker.Settings{}.WithDefaults()
-	if d.ConsecutiveFailures != 5 || d.MinRequests != 10 || d.Window != 10*time.Second ||
+	if d.ConsecutiveFailures != 5 || d.DownAfter != time.Second || d.MinRequests != 10 || d.Window != 10*time.Second ||
 		d.OpenTimeout != 500*time.Millisecond || d.MaxOpenTimeout != 10*time.Second || d.HalfOpenMaxRequests != 1 || d.Scope != breaker.PerTarget {
 		t.Errorf("defaults = %+v", d)
+	}
+	// An explicit count keeps its meaning: a run of that many, however
+	// quick, with no DownAfter unless it is set too.
+	if d := (breaker.Settings{ConsecutiveFailures: 10}).WithDefaults(); d.ConsecutiveFailures != 10 || d.DownAfter != 0 {
+		t.Errorf("defaults of an explicit count = %+v, want 10 and no DownAfter", d)
+	}
+	if d := (breaker.Settings{DownAfter: 2 * time.Second}).WithDefaults(); d.ConsecutiveFailures != 5 || d.DownAfter != 2*time.Second {
+		t.Errorf("defaults with DownAfter = %+v, want 5 and 2s", d)
+	}
+}
+
+// The default breaker trips on evidence that nothing succeeds: a run of 5
+// failed calls that has lasted DownAfter (1 s) from its first failure. A
+// server that fails a share of its calls on its own, however many, makes
+// runs of 5 often but never one that long at any rate of calls: before,
+// 5 failed calls in a row tripped it, and a server that fails two attempts
+// in three (30 % of calls after 3 attempts) had it open for 500ms every
+// few hundred calls. The failures can come at once (a dead server) or
+// slowly (a hung one): the run's length counts, not how they came.
+func TestDefaultTripsOnlyWhenNothingSucceeds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBreaker(t, breaker.Settings{})
+		// 50 failed calls in a row within 900ms: not yet.
+		for range 50 {
+			run(t, b, herdguard.Failure)
+			time.Sleep(18 * time.Millisecond)
+		}
+		if got := b.State(); got != breaker.Closed {
+			t.Fatalf("a run of 50 failures over 900ms: %v, want closed", got)
+		}
+		run(t, b, herdguard.Success) // the run ends, and the next starts afresh
+		for range 55 {
+			run(t, b, herdguard.Failure)
+			time.Sleep(18 * time.Millisecond)
+		}
+		if got := b.State(); got != breaker.Closed {
+			t.Fatalf("a new run of 55 over 990ms after a success: %v, want closed", got)
+		}
+		time.Sleep(10 * time.Millisecond)
+		run(t, b, herdguard.Failure) // 1 s since the run's first failure
+		if got := b.State(); got != breaker.Open {
+			t.Fatalf("a run of failures that lasted 1s: %v, want open", got)
+		}
+	})
+}
+
+// At a low rate of calls the count decides: 4 failures spread over 2 s
+// are not a run of 5.
+func TestDefaultRunNeedsItsCount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBreaker(t, breaker.Settings{})
+		for range 4 {
+			run(t, b, herdguard.Failure)
+			time.Sleep(500 * time.Millisecond)
+		}
+		if got := b.State(); got != breaker.Closed {
+			t.Fatalf("4 failures over 2s: %v, want closed", got)
+		}
+		run(t, b, herdguard.Failure)
+		if got := b.State(); got != breaker.Open {
+			t.Fatalf("5 failures over 2s: %v, want open", got)
+		}
+	})
+}
+
+// A server that fails 30 % of its calls on its own (two attempts in three,
+// with 3 attempts a call) at 600 calls a second never trips the default
+// breaker, in 60 s of calls; with ConsecutiveFailures 5, the rule before,
+// it trips every few hundred calls.
+func TestDefaultIgnoresIndependentFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		s     breaker.Settings
+		trips bool
+	}{{"default", breaker.Settings{}, false}, {"ConsecutiveFailures 5", breaker.Settings{ConsecutiveFailures: 5}, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var opened int
+				s := tc.s
+				s.OnStateChange = func(_ string, _, to breaker.State) {
+					if to == breaker.Open {
+						opened++
+					}
+				}
+				b := newBreaker(t, s)
+				rng := rand.New(rand.NewPCG(1, 2))
+				for range 600 * 60 {
+					v := herdguard.Success
+					if rng.Float64() < 0.3 {
+						v = herdguard.Failure
+					}
+					run(t, b, v)
+					time.Sleep(time.Second / 600)
+				}
+				if (opened > 0) != tc.trips {
+					t.Errorf("opened %d times in 60 s, want trips: %v", opened, tc.trips)
+				}
+			})
+		})
 	}
 }
 

@@ -11,9 +11,25 @@
 // # States
 //
 // Closed lets every call through and counts results. When the counts meet a
-// trip condition (ConsecutiveFailures failed calls in a row, or a
-// FailureRatio of at least MinRequests calls in the Window) it opens. Open
-// refuses every call at once with an [*OpenError] that wraps [ErrOpen] and
+// trip condition it opens: by default, a run of 5 failed calls in a row
+// that has lasted DownAfter (1 s) since its first failure, which is
+// evidence that nothing succeeds, not chance; ConsecutiveFailures set
+// explicitly trips on that many in a row however quickly they came; and a
+// FailureRatio trips on that share of at least MinRequests calls in the
+// Window.
+//
+// The default asks for the time as well as the count because a server
+// that fails a share of its calls on its own makes runs of failures by
+// chance: one that fails 30 % of its calls (two attempts in three, with 3
+// attempts a call) makes a run of 5 every few hundred calls, and with 5 in
+// a row as the rule, a client making 600 calls a second had its breaker
+// open for 500ms about every second: 29 % of calls through, against 70 %
+// with no breaker. A run that lasts a second at that rate is 600 failed
+// calls: no such server makes it, and one from which nothing succeeds
+// makes it in a second. A slow client still needs the count: 5 failures
+// a minute apart open the breaker after 4 minutes, not 1 s.
+//
+// Open refuses every call at once with an [*OpenError] that wraps [ErrOpen] and
 // carries codes.Unavailable. After OpenTimeout it is half-open: at most
 // HalfOpenMaxRequests probe calls go through, each told it is a probe (the
 // interceptor makes a probe a single attempt). If they all succeed it closes;
@@ -24,7 +40,8 @@
 //
 // # Defaults
 //
-//	ConsecutiveFailures  5
+//	ConsecutiveFailures  5, in a run that has lasted DownAfter
+//	DownAfter            1s (none when ConsecutiveFailures is set)
 //	FailureRatio         0 (off)
 //	MinRequests          10 (with FailureRatio)
 //	Window               10s, rolled in 10 buckets

@@ -14,8 +14,9 @@ import (
 // it in Redis). Set it in [Settings.Fleet].
 //
 // A shared breaker counts the fleet's consecutive failed calls in the
-// store, opens for the whole fleet when they reach ConsecutiveFailures,
-// and leases its half-open probes fleet-wide, so that at most
+// store, opens for the whole fleet when they reach ConsecutiveFailures
+// (once the run has lasted DownAfter, timed by the store's clock, when
+// that is set, as it is by default), and leases its half-open probes fleet-wide, so that at most
 // HalfOpenMaxRequests probes run across the fleet per open period. The
 // store pushes every change to each replica's [FleetView], which the
 // breaker reads with one atomic load: a call through a calm shared breaker

@@ -12,6 +12,7 @@ import (
 // Defaults that a zero field of [Settings] stands for.
 const (
 	DefaultConsecutiveFailures = 5
+	DefaultDownAfter           = time.Second
 	DefaultMinRequests         = 10
 	DefaultWindow              = 10 * time.Second
 	DefaultOpenTimeout         = 500 * time.Millisecond
@@ -58,9 +59,22 @@ func ParseScope(s string) (Scope, error) {
 // Settings configures the breakers of a [Group]. A zero field means its
 // default (see the package documentation).
 type Settings struct {
-	// ConsecutiveFailures trips the breaker after this many failed calls in a
-	// row. 0 means DefaultConsecutiveFailures (5).
+	// ConsecutiveFailures trips the breaker after this many failed calls in
+	// a row, however quickly they came. 0 means the default rule: a run of
+	// DefaultConsecutiveFailures (5) failed calls trips it once it has
+	// lasted DownAfter (1 s) without a success, so that a server that fails
+	// some calls on its own, however many, never trips it: only one from
+	// which nothing succeeds (or, with FailureRatio, too large a share).
 	ConsecutiveFailures uint32
+	// DownAfter is how long a run of failed calls must have lasted, from
+	// its first failure, before it trips the breaker: evidence that nothing
+	// succeeds, rather than chance. At 600 calls a second, 5 failed calls
+	// in a row come every few hundred calls from a server that fails two
+	// attempts in three on its own; 1 s of them never does. 0 means
+	// DefaultDownAfter (1s) when ConsecutiveFailures is 0 too, and no
+	// condition when ConsecutiveFailures is set: an explicit count keeps
+	// its meaning.
+	DownAfter time.Duration
 	// FailureRatio, if above 0, also trips the breaker when failed calls /
 	// finished calls within Window reaches it, once at least MinRequests
 	// calls finished there. It must be in [0, 1]. 0 turns the ratio off.
@@ -123,6 +137,8 @@ func (s Settings) Validate() error {
 	switch {
 	case math.IsNaN(s.FailureRatio) || s.FailureRatio < 0 || s.FailureRatio > 1:
 		return fmt.Errorf("breaker: FailureRatio = %v: must be in [0, 1]", s.FailureRatio)
+	case s.DownAfter < 0:
+		return fmt.Errorf("breaker: DownAfter = %v: must not be negative", s.DownAfter)
 	case s.Window < 0:
 		return fmt.Errorf("breaker: Window = %v: must not be negative", s.Window)
 	case s.Window > 0 && s.Window < windowBuckets:
@@ -140,9 +156,16 @@ func (s Settings) Validate() error {
 }
 
 // WithDefaults returns s with every zero field replaced by its default.
+// A zero ConsecutiveFailures becomes DefaultConsecutiveFailures with a
+// DownAfter of DefaultDownAfter (unless DownAfter is set), which is the
+// default rule; a ConsecutiveFailures that is set leaves DownAfter as it
+// is. Either way the result means what s meant.
 func (s Settings) WithDefaults() Settings {
 	if s.ConsecutiveFailures == 0 {
 		s.ConsecutiveFailures = DefaultConsecutiveFailures
+		if s.DownAfter == 0 {
+			s.DownAfter = DefaultDownAfter
+		}
 	}
 	if s.MinRequests == 0 {
 		s.MinRequests = DefaultMinRequests

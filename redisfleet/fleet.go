@@ -230,7 +230,7 @@ func (f *Fleet) Join(scope string, s breaker.Settings, view *breaker.FleetView) 
 	}
 	ttl = max(ttl, 2*s.OpenTimeout)
 	m := &member{f: f, scope: scope, key: f.prefix + scope, view: view}
-	m.args = []any{f.channel, scope, ttl.Milliseconds(), s.ConsecutiveFailures, s.OpenTimeout.Milliseconds(), max(s.HalfOpenMaxRequests, 1)}
+	m.args = []any{f.channel, scope, ttl.Milliseconds(), s.ConsecutiveFailures, s.OpenTimeout.Milliseconds(), max(s.HalfOpenMaxRequests, 1), s.DownAfter.Milliseconds()}
 	m.lease = s.OpenTimeout.Milliseconds()
 	f.mu.Lock()
 	f.members[scope] = append(f.members[scope], m)

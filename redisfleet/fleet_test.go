@@ -178,6 +178,37 @@ func TestFleetOpensTogether(t *testing.T) {
 	}
 }
 
+// With the default rule (no ConsecutiveFailures), a fleet's run of
+// failed calls opens the shared breaker only once it has lasted DownAfter
+// from its first failure: many failures in a row in a moment, as a
+// server that fails a share of its calls on its own makes now and then,
+// leave it closed. Redis times the run, on its own clock.
+func TestFleetRunMustLastDownAfter(t *testing.T) {
+	srv := redistest.Start(t)
+	s := breaker.Settings{DownAfter: 500 * time.Millisecond, OpenTimeout: time.Hour}
+	a := newReplica(t, srv.Addr, s, redisfleet.Options{})
+	b := newReplica(t, srv.Addr, s, redisfleet.Options{})
+	began := time.Now()
+	for range 10 {
+		a.call(herdguard.Failure)
+		b.call(herdguard.Failure)
+	}
+	eventually(t, "Redis counts 20 failures", func() bool { return failures(t, srv.Addr) == 20 })
+	if time.Since(began) < 400*time.Millisecond { // else the machine was too slow to tell
+		if st := client(t, srv.Addr).HGet(context.Background(), redisfleet.DefaultPrefix+scope, "st").Val(); st == "o" {
+			t.Errorf("20 failures in %v opened the fleet, before DownAfter", time.Since(began))
+		}
+	}
+	time.Sleep(time.Until(began.Add(600 * time.Millisecond)))
+	// a's own breaker, with the same rule, opens on this failure too: the
+	// fleet's must have opened as well
+	a.call(herdguard.Failure)
+	eventually(t, "the fleet opens once the run lasted DownAfter", func() bool {
+		_, err := b.call(herdguard.Success)
+		return refusedShared(err)
+	})
+}
+
 func TestASuccessEndsTheFleetRun(t *testing.T) {
 	srv := redistest.Start(t)
 	s := breaker.Settings{ConsecutiveFailures: 3, OpenTimeout: time.Hour}

@@ -8,6 +8,7 @@ import "github.com/redis/go-redis/v9"
 //
 //	st  "c" closed or "o" open (missing: closed)
 //	f   consecutive failed calls, while closed
+//	fs  when the first of them failed, ms on Redis's clock
 //	u   end of the open period, ms on Redis's clock
 //	g   generation: a new one at every open and close; the first is the
 //	    time in ms, so a hash made again (after it expired, or Redis
@@ -78,10 +79,12 @@ end
 `
 
 // ARGV of every script: channel, scope, ttl ms, threshold, open ms, max
-// probes; then the script's own.
+// probes, down ms (breaker.Settings.DownAfter; 0: none); then the
+// script's own.
 const header = `
 local k, channel, scope = KEYS[1], ARGV[1], ARGV[2]
 local ttl, threshold, open_ms, max_probes = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local down_ms = tonumber(ARGV[7])
 local now = now_ms()
 `
 
@@ -91,17 +94,21 @@ var (
 return view(k, now)
 `)
 
-	// failed counts a failed call; the one that reaches the threshold opens
-	// the breaker. The first failure of a run makes the fleet suspect. A
-	// failure that makes the hash again gives it a new generation.
+	// failed counts a failed call; the one that reaches the threshold,
+	// down ms or more after the run's first failure, opens the breaker.
+	// The first failure of a run makes the fleet suspect. A failure that
+	// makes the hash again gives it a new generation.
 	failedScript = redis.NewScript(lib + header + `
 if redis.call('HGET', k, 'st') == 'o' then
   return view(k, now)
 end
 made(k, now)
 local f = redis.call('HINCRBY', k, 'f', 1)
+if f == 1 then
+  redis.call('HSET', k, 'fs', now)
+end
 redis.call('PEXPIRE', k, ttl)
-if f >= threshold then
+if f >= threshold and now - num(k, 'fs') >= down_ms then
   open(k, now, open_ms)
   redis.call('PEXPIRE', k, ttl)
   return publish(k, now, channel, scope)
@@ -125,11 +132,11 @@ return view(k, now)
 	// probe grants one of max_probes leases once the open period is over.
 	// A replica that asks for one of a hash that expired gets the hash made
 	// again, calm.
-	// The leases lapse lease_ms (ARGV[7]) after the last was granted: then,
+	// The leases lapse lease_ms (ARGV[8]) after the last was granted: then,
 	// with no verdict in, a new round begins, so a probe whose replica died
 	// frees the period, and a verdict of the old round counts for nothing.
 	probeScript = redis.NewScript(lib + header + `
-local lease_ms = tonumber(ARGV[7])
+local lease_ms = tonumber(ARGV[8])
 if redis.call('EXISTS', k) == 0 then
   -- The state expired (or Redis lost it) while a replica saw the fleet
   -- open: made again, calm, in a generation the replica takes.
@@ -157,12 +164,12 @@ redis.call('PEXPIRE', k, ttl)
 return {'granted', 0, num(k, 'g'), num(k, 'r')}
 `)
 
-	// probeDone records a probe's verdict (ARGV[7] generation, ARGV[8]
-	// round, ARGV[9] "s", "f" or "i"): max_probes successes close the
+	// probeDone records a probe's verdict (ARGV[8] generation, ARGV[9]
+	// round, ARGV[10] "s", "f" or "i"): max_probes successes close the
 	// breaker, a failure opens it again, an ignored probe hands its lease
 	// back. A verdict of another generation or round counts for nothing.
 	probeDoneScript = redis.NewScript(lib + header + `
-local gen, round, verdict = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
+local gen, round, verdict = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10]
 if redis.call('HGET', k, 'st') ~= 'o' or num(k, 'g') ~= gen or num(k, 'r') ~= round then
   return view(k, now)
 end
