@@ -45,7 +45,9 @@ func HerdDeadline(c int) Scenario {
 }
 
 // HerdsDeadline are the herds with deadlines at C = 20, 80 and 320.
-func HerdsDeadline() []Scenario { return []Scenario{HerdDeadline(20), HerdDeadline(80), HerdDeadline(320)} }
+func HerdsDeadline() []Scenario {
+	return []Scenario{HerdDeadline(20), HerdDeadline(80), HerdDeadline(320)}
+}
 
 // IsHerd reports whether sc is one of the herds made by [Herd].
 func (sc Scenario) IsHerd() bool { return sc.herd }
