@@ -240,11 +240,11 @@ type Controller struct {
 	// began the episode until an interval collapses it.
 	trigFail, trigN float64
 	fresh           bool // the interval in which the episode began is not over
-	// Confirming (see confirmLocked): batch is the tokens of the batch not
+	// Confirming (see answeredCollapsedLocked): batch is the tokens of the batch not
 	// yet given out, confirmNeed the outcomes it waits for (0: not
 	// confirming), confirmOK and confirmFail those counted so far.
-	batch                                            int
-	confirmSize, confirmNeed, confirmOK, confirmFail int
+	batch                               int
+	confirmNeed, confirmOK, confirmFail int
 	// indep is the share of attempts the last confirmation showed the
 	// server fails whatever the load; 0 when none showed it.
 	indep float64
@@ -868,13 +868,10 @@ func (c *Controller) restartLocked(now time.Time) {
 // 800ms or more in 1 run in 6.
 const firstProbes = 4
 
-// Confirmation batch sizes, and how many batches of confirmMin a
-// confirmation may send while none of their attempts is answered: see
-// answeredCollapsedLocked and judgeLocked.
+// Confirmation batch sizes: see answeredCollapsedLocked.
 const (
-	confirmMin     = 4
-	confirmMax     = 8
-	confirmBatches = 3
+	confirmMin = 4
+	confirmMax = 8
 )
 
 // answeredCollapsedLocked counts an answer while the server is collapsed:
@@ -888,18 +885,17 @@ const (
 func (c *Controller) answeredCollapsedLocked(now time.Time) {
 	c.down = false
 	k := int(min(max(c.trigN-c.trigFail, confirmMin), confirmMax))
-	c.confirmSize, c.confirmNeed, c.confirmOK, c.confirmFail, c.batch = k, k, 0, 0, k
+	c.confirmNeed, c.confirmOK, c.confirmFail, c.batch = k, 0, 0, k
 	if len(c.line) > 0 {
 		c.armLocked(now, 0) // the line takes the batch at once, on the timer's goroutine
 	}
 }
 
 // judgeLocked decides, once the confirmation batch's outcomes are in, what
-// the episode's refusals were:
-//   - none of the batch answered: the answer that ended the collapse was a
-//     late one, and the server is still collapsed;
-//   - the batch was refused no less than the interval that began the
-//     episode, beyond chance (lessRefused): holding back did not help, the
+// the episode's refusals were. The probe's answer that began it showed the
+// server answers at the low rate; then:
+//   - the batch was refused no less than the interval that collapsed the
+//     server, beyond chance (lessRefused): holding back did not help, the
 //     refusals are independent of the load, and the pacing ends
 //     (independentLocked);
 //   - otherwise the server took at the low rate what it refused at the
@@ -915,25 +911,9 @@ func (c *Controller) judgeLocked(now time.Time) {
 		return
 	}
 	ok, fail := float64(c.confirmOK), float64(c.confirmFail)
-	if more := min(c.confirmSize, int(max(c.trigN-c.trigFail, confirmBatches*confirmMin))-c.confirmNeed); ok == 0 && more > 0 {
-		// Nothing answered yet: another batch, at once, while all of
-		// them together stay within what the server answered in the
-		// interval that collapsed it (or 3 batches of 4). A server that
-		// fails 80 % of attempts on its own refuses a batch of 4 whole
-		// about 2 times in 5, and waiting for the next answered probe
-		// held its callers 400ms more on average.
-		c.confirmNeed += more
-		c.batch += more
-		if len(c.line) > 0 {
-			c.armLocked(now, 0)
-		}
-		return
-	}
 	sent := c.confirmNeed - c.batch // the batch's attempts that went
 	c.confirmNeed, c.batch = 0, 0
 	switch {
-	case ok == 0:
-		// Still collapsed: one probe per interval, as before.
 	case c.trigN > 0 && !lessRefused(fail, float64(n), c.trigFail, c.trigN):
 		c.independentLocked(ok, fail)
 	default:
