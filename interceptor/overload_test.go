@@ -653,13 +653,14 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 				case "unary":
 					attemptDoneIn(ctx, ctl, &attemptEnd{err: timedOut, timedOut: tc.perAttempt}, clk, asked, sent)
 				case "stream":
-					// A stream no answer had come for when its deadline
-					// passed.
+					// A server stream whose request went, and no answer
+					// had come for when its deadline passed.
 					ic, err := New()
 					if err != nil {
 						t.Fatal(err)
 					}
-					s := &retryStream{ic: ic, ctx: ctx, ctl: ctl, method: testserver.MethodUnary}
+					s := &retryStream{ic: ic, ctx: ctx, ctl: ctl, method: testserver.MethodUnary,
+						desc: &grpc.StreamDesc{ServerStreams: true}, closeSent: true}
 					a := &streamAttempt{n: 1, live: true, asked: asked, sent: sent}
 					if tc.perAttempt {
 						a.fate.Store(attemptExpired)

@@ -986,7 +986,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	s.endAttemptLocked(a, err)
 	if s.breakerDone != nil {
 		v := herdguard.Ignored
-		if !a.clientErr && s.outcome != OutcomeShed {
+		if !a.clientErr && s.outcome != OutcomeShed && !s.idleAtDeadlineLocked(err) {
 			v = s.ic.verdict(s.ctx, err, s.idleDeadline || !a.live)
 		}
 		s.breakerDone(v)
@@ -1021,6 +1021,30 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	s.ic.metering.call(s.ctx, s.method, s.outcome)
 	finished(s.onFinish, err)
 	s.ended.Done()
+}
+
+// idleAtDeadlineLocked reports whether the stream, ending with err, was
+// ended by its caller's deadline before the server answered and before the
+// caller half-closed it (a server stream whose request went is half-closed:
+// that is all it sends). The server then had no reason to answer yet: it
+// may wait for more, and a watch or long poll that idles until its
+// deadline is normal. Such an end tells neither the breaker nor the
+// overload controller anything; through gRPC alone it ends
+// DeadlineExceeded, and so it does here, however many there are. Counted
+// as hung, 20 idle bidi streams under one 20ms deadline opened the
+// breaker, and 480 of the next 480 were refused. A stream the caller
+// half-closed, a server stream whose server never answers, and a unary
+// call still count as hung.
+//
+// The caller's deadline is read off the clock, not the context: the
+// server's copy of it, or gRPC's, may end the stream a moment before the
+// context's own timer has run.
+func (s *retryStream) idleAtDeadlineLocked(err error) bool {
+	if s.answered || s.closeSent || !s.desc.ClientStreams && s.sent > 0 || status.Code(err) != codes.DeadlineExceeded {
+		return false
+	}
+	dl, ok := s.ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // breakerChangedLocked records a change of the breaker's state since it was
@@ -1063,6 +1087,11 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		// deadline ended the stream it was serving: that says nothing of
 		// its load, and a watch stream lives until its deadline.
 		attemptDone(s.ctl, nil)
+	case a == s.a && s.idleAtDeadlineLocked(err):
+		// Nobody asked the server for an answer yet: it says nothing.
+		if s.ctl != nil {
+			s.ctl.Done(overload.Ignored)
+		}
 	case timedOutIn(s.ctx, s.ctl, err, a.expired(), a.asked, a.sent):
 		// Unanswered when the caller's deadline passed: told as the
 		// time it waited in the line against the time it had left.
