@@ -69,6 +69,10 @@ e2e: $(BIN)/jaeger build ## End-to-end: the trace demo against a real Jaeger, ev
 # the noise of a 2-core machine, and every client overshoots them.
 DEMO_STEADY_ARGS ?= -scenario steady-cut -scale 2 -strategy 'no retries,herdguard defaults,exponential + full jitter' -goodput-svg $(BIN)/goodput.svg
 
+# The demo's partial failures, in short: each loop at p = 0.67 and a dead
+# server, at scale 2 (about a minute).
+DEMO_PARTIAL_ARGS ?= -compare -scenario partial-short -scale 2 -partial-svg $(BIN)/partial.svg
+
 .PHONY: demo
 demo: build ## Start the demo server on 127.0.0.1, run the client against it, stop the server
 	@addr_file=$$(mktemp); rm -f "$$addr_file"; \
@@ -78,21 +82,25 @@ demo: build ## Start the demo server on 127.0.0.1, run the client against it, st
 	[ -s "$$addr_file" ] || { echo "demo-server did not start" >&2; exit 1; }; \
 	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(DEMO_ARGS); \
 	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(DEMO_STEADY_ARGS); \
+	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(DEMO_PARTIAL_ARGS); \
 	echo; echo "One retried call of herdguard's defaults, as its spans tell it:"; \
 	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(TRACE_ARGS) 2>/dev/null | sed -n '/^span tree/,/^$$/p'
 
-# make storm STORM_ARGS='-runs 1 -scale 4' for a quick look.
+# make storm STORM_ARGS='-runs 1 -scale 4' STORM_PEER_ENV='HERDGUARD_STORM_RUNS=1 HERDGUARD_STORM_SCALE=4' for a quick look.
 STORM_ARGS ?= -runs 3
+STORM_PEER_ENV ?= HERDGUARD_STORM_RUNS=3 HERDGUARD_STORM_SCALE=1
 
 .PHONY: storm
-storm: build ## The storm lab at full scale: the herd at C=20/80/320 and the three brownouts, medians of 3 (about 45 minutes); writes bin/goodput.svg and bin/storm-herds.svg
+storm: build ## The storm lab at full scale, medians of 3: the herds, the brownouts, then the partial failures beside the peers (about 75 minutes); writes bin/goodput.svg, bin/storm-herds.svg and bin/partial.svg
 	@addr_file=$$(mktemp); rm -f "$$addr_file"; \
 	$(BIN)/demo-server -addr 127.0.0.1:0 -addr-file "$$addr_file" & server=$$!; \
 	trap 'kill $$server 2>/dev/null || true; wait $$server 2>/dev/null || true; rm -f "$$addr_file"' EXIT; \
 	for i in $$(seq 100); do [ -s "$$addr_file" ] && break; sleep 0.05; done; \
 	[ -s "$$addr_file" ] || { echo "demo-server did not start" >&2; exit 1; }; \
-	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" -compare -scenario herds,steady \
+	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" -compare -scenario herds,herds-deadline,steady \
 	  -svg $(BIN)/storm-herds.svg -goodput-svg $(BIN)/goodput.svg $(STORM_ARGS)
+	cd bench && HERDGUARD_STORM=1 HERDGUARD_STORM_SCENARIOS=partial HERDGUARD_PARTIAL_SVG=$(BIN)/partial.svg $(STORM_PEER_ENV) \
+	  $(GO) test -run TestStormTable -count=1 -v -timeout 3h . | grep -v '^[=-]\{3\}' | sed '/^ok\|^PASS/d'
 
 .PHONY: fleet-demo
 fleet-demo: ## The fleet scenario: 8 replica processes, own breakers or one shared through a real Redis (needs redis-server)

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/internal/stormlab"
 	"github.com/herdguard/herdguard/policy"
 )
 
@@ -32,20 +32,6 @@ func withUnary(f func(testing.TB, int, time.Duration) grpc.UnaryClientIntercepto
 	return func(tb testing.TB, n int, d time.Duration) []grpc.DialOption {
 		return []grpc.DialOption{grpc.WithChainUnaryInterceptor(f(tb, n, d))}
 	}
-}
-
-// grpcRetryConfig is gRPC's built-in retry for the services the benchmarks
-// call, with gRFC A6's example throttling when throttle is true. The
-// failure-path benchmark leaves throttling off: two failures per call would
-// drain the bucket and make it measure refusals.
-func grpcRetryConfig(attempts int, backoff time.Duration, throttle bool) string {
-	t := ""
-	if throttle {
-		t = `, "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}`
-	}
-	return fmt.Sprintf(`{"methodConfig": [{"name": [{"service": "grpc.testing.TestService"}, {"service": "herdguard.demo.v1.GatewayService"}],
-	  "retryPolicy": {"maxAttempts": %d, "initialBackoff": "%.9fs", "maxBackoff": "60s", "backoffMultiplier": 2,
-	  "retryableStatusCodes": ["UNAVAILABLE"]}}]%s}`, attempts, backoff.Seconds(), t)
 }
 
 func ggmRetry(_ testing.TB, attempts int, backoff time.Duration) grpc.UnaryClientInterceptor {
@@ -85,7 +71,9 @@ func herdguard(tb testing.TB, attempts int, backoff time.Duration, extra ...inte
 var peers = []peer{
 	{name: "none", dial: func(testing.TB, int, time.Duration) []grpc.DialOption { return nil }},
 	{name: "grpc-retry", dial: func(_ testing.TB, n int, d time.Duration) []grpc.DialOption {
-		return []grpc.DialOption{grpc.WithDefaultServiceConfig(grpcRetryConfig(n, max(d, time.Nanosecond), false))}
+		// Throttling off: the failure-path benchmark's two failures per
+		// call would drain the bucket and make it measure refusals.
+		return []grpc.DialOption{grpc.WithDefaultServiceConfig(stormlab.GRPCRetryConfig(n, max(d, time.Nanosecond), time.Minute, false))}
 	}},
 	{name: "ggm-retry", dial: withUnary(ggmRetry), unary: ggmRetry},
 	{name: "failsafe", dial: withUnary(failsafe), unary: failsafe},

@@ -15,6 +15,7 @@ import (
 
 	"github.com/failsafe-go/failsafe-go/failsafegrpc"
 	"github.com/failsafe-go/failsafe-go/hedgepolicy"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/retry"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -61,12 +62,12 @@ func stormRuns(t *testing.T) int {
 
 // stormScenarios are the scenarios HERDGUARD_STORM_SCENARIOS names
 // (separated by commas, as the demo client's -scenario names them:
-// herd-80, steady-gentle, herds, steady), or every herd and brownout
-// without it.
+// herd-80, steady-gentle, herds, steady, partial), or every herd and
+// brownout and the short form of the partial failures without it.
 func stormScenarios(t *testing.T) []stormlab.Scenario {
 	v := os.Getenv("HERDGUARD_STORM_SCENARIOS")
 	if v == "" {
-		return append(stormlab.Herds(), stormlab.SteadyScenarios()...)
+		return append(append(stormlab.Herds(), stormlab.SteadyScenarios()...), stormlab.PartialShort()...)
 	}
 	var out []stormlab.Scenario
 	for _, name := range strings.Split(v, ",") {
@@ -93,6 +94,9 @@ type stormPeer struct {
 // throttling and failsafe-go's retry policy, each with the scenario's
 // attempts and first wait.
 func stormPeers(t *testing.T, sc stormlab.Scenario) []stormPeer {
+	if sc.IsPartial() {
+		return partialPeers(t, sc)
+	}
 	none := stormlab.NoRetriesStrategy()
 	defaults := stormlab.Strategies(sc)[len(stormlab.Strategies(sc))-1]
 	if sc.IsSteady() {
@@ -105,7 +109,7 @@ func stormPeers(t *testing.T, sc stormlab.Scenario) []stormPeer {
 			return []grpc.DialOption{grpc.WithChainUnaryInterceptor(ggmRetry(t, sc.Attempts, sc.Base))}
 		}},
 		{name: "gRPC built-in retry + throttling", dial: func(sc stormlab.Scenario) []grpc.DialOption {
-			return []grpc.DialOption{grpc.WithDefaultServiceConfig(grpcRetryConfig(sc.Attempts, sc.Base, true))}
+			return []grpc.DialOption{grpc.WithDefaultServiceConfig(stormlab.GRPCRetryConfig(sc.Attempts, sc.Base, time.Minute, true))}
 		}},
 		{name: "failsafe-go retry", dial: func(sc stormlab.Scenario) []grpc.DialOption {
 			rp := failsafegrpc.NewRetryPolicyBuilder[any]().WithMaxAttempts(sc.Attempts).
@@ -115,6 +119,29 @@ func stormPeers(t *testing.T, sc stormlab.Scenario) []stormPeer {
 			return []grpc.DialOption{grpc.WithChainUnaryInterceptor(retryNumbers(failsafegrpc.NewUnaryClientInterceptor[any](rp)))}
 		}},
 	}
+}
+
+// partialPeers are the clients compared in a partial failure: the storm
+// lab's own (no retries, retries alone, herdguard's defaults and each of
+// its protections alone, gRPC's built-in retry), then go-grpc-middleware's
+// retry and failsafe-go's retry policy with the scenario's attempts, first
+// wait and longest wait.
+func partialPeers(t *testing.T, sc stormlab.Scenario) []stormPeer {
+	var out []stormPeer
+	for _, st := range stormlab.PartialStrategies(sc) {
+		out = append(out, stormPeer{name: st.Name, strategy: &st})
+	}
+	return append(out,
+		stormPeer{name: "go-grpc-middleware retry", dial: func(sc stormlab.Scenario) []grpc.DialOption {
+			return []grpc.DialOption{grpc.WithChainUnaryInterceptor(retry.UnaryClientInterceptor(retry.WithMax(uint(sc.Attempts)),
+				retry.WithCodes(codes.Unavailable), retry.WithBackoff(retry.BackoffExponentialWithJitterBounded(sc.Base, 0.1, sc.Cap))))}
+		}},
+		stormPeer{name: "failsafe-go retry", dial: func(sc stormlab.Scenario) []grpc.DialOption {
+			rp := failsafegrpc.NewRetryPolicyBuilder[any]().WithMaxAttempts(sc.Attempts).
+				WithBackoff(sc.Base, sc.Cap).WithJitterFactor(0.1).Build()
+			return []grpc.DialOption{grpc.WithChainUnaryInterceptor(retryNumbers(failsafegrpc.NewUnaryClientInterceptor[any](rp)))}
+		}},
+	)
 }
 
 // retryNumbers wraps a retrying interceptor that numbers no attempt: each
@@ -136,7 +163,10 @@ func retryNumbers(retrying grpc.UnaryClientInterceptor) grpc.UnaryClientIntercep
 // TestStormTable drives the storm lab's herds (C = 20, 80, 320) and its
 // three brownouts under steady load through no retries, herdguard's
 // defaults, go-grpc-middleware's retry, gRPC's built-in retry with
-// throttling and failsafe-go's retry policy, and prints the lab's tables.
+// throttling and failsafe-go's retry policy, and prints the lab's tables;
+// then the partial failures through partialPeers, one table per loop,
+// which must show the defaults doing no harm (stormlab.PartialHarm), and,
+// with HERDGUARD_PARTIAL_SVG set, their chart of calls ok against p.
 // It runs only when HERDGUARD_STORM=1 (make bench sets it): it takes about
 // 6 minutes. HERDGUARD_STORM_SCALE, HERDGUARD_STORM_RUNS and
 // HERDGUARD_STORM_SCENARIOS change its scale, take medians of several runs
@@ -161,6 +191,7 @@ func TestStormTable(t *testing.T) {
 	} else {
 		fmt.Printf("Scale 1/%v, medians of %d runs each.\n", scale, runs)
 	}
+	var partialOpen, partialClosed []stormlab.PartialRow
 	for _, sc := range stormScenarios(t) {
 		scaled := sc.Scale(scale)
 		peers := stormPeers(t, sc)
@@ -178,6 +209,22 @@ func TestStormTable(t *testing.T) {
 				}
 				results[i] = append(results[i], res)
 			}
+		}
+		if sc.IsPartial() {
+			rows := &partialOpen
+			if sc.IsClosedLoop() {
+				rows = &partialClosed
+			}
+			for i, p := range peers {
+				cell := stormlab.SummarizePartial(sc, scale, results[i]...)
+				j := slices.IndexFunc(*rows, func(r stormlab.PartialRow) bool { return r.Strategy == p.name })
+				if j < 0 {
+					*rows = append(*rows, stormlab.PartialRow{Strategy: p.name})
+					j = len(*rows) - 1
+				}
+				(*rows)[j].Cells = append((*rows)[j].Cells, cell)
+			}
+			continue
 		}
 		var rows []stormlab.Summary
 		attempts := map[string]int64{}
@@ -202,7 +249,45 @@ func TestStormTable(t *testing.T) {
 			t.Errorf("%s: herdguard sent %d attempts, go-grpc-middleware %d: want fewer", sc.Name, attempts["herdguard defaults"], attempts["go-grpc-middleware retry"])
 		}
 	}
-	fmt.Printf("\n%s\n\n%s\n", stormlab.HerdLegend, stormlab.SteadyLegend)
+	for _, l := range []struct {
+		name   string
+		rows   []stormlab.PartialRow
+		closed bool
+	}{{"open loop", partialOpen, false}, {"closed loop", partialClosed, true}} {
+		if len(l.rows) == 0 {
+			continue
+		}
+		fmt.Printf("\n== partial failures, %s%s ==\n\n", l.name, mediansNote(runs))
+		if err := stormlab.WritePartialTable(os.Stdout, l.closed, l.rows); err != nil {
+			t.Fatal(err)
+		}
+		// What must hold (issue 32): the defaults do no harm, and hold a
+		// dead server back. The rest is reported, not graded.
+		for _, err := range stormlab.PartialHarm(l.rows, l.closed) {
+			t.Error(err)
+		}
+	}
+	if out := os.Getenv("HERDGUARD_PARTIAL_SVG"); out != "" && len(partialOpen)+len(partialClosed) > 0 {
+		f, err := os.Create(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stormlab.WritePartialSVG(f, partialOpen, partialClosed); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("\nwrote %s\n", out)
+	}
+	fmt.Printf("\n%s\n\n%s\n\n%s\n", stormlab.HerdLegend, stormlab.SteadyLegend, stormlab.PartialLegend)
+}
+
+func mediansNote(runs int) string {
+	if runs <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(", medians of %d runs", runs)
 }
 
 // hedgeRuns is how many times TestHedgeTable runs each strategy; it

@@ -43,6 +43,7 @@ import (
 type options struct {
 	addr, strategy, scenario, svg, otlp string
 	traceSVG, jaeger, goodputSVG        string
+	partialSVG                          string
 	calls, attempts, samples, width     int
 	runs                                int
 	base                                time.Duration
@@ -61,8 +62,9 @@ func main() {
 	flag.IntVar(&o.calls, "calls", 1000, "calls fired at the same instant (herds; not steady load)")
 	flag.IntVar(&o.attempts, "attempts", 5, "attempts per call, the first included (herds; steady load has policy.Default's 3)")
 	flag.DurationVar(&o.base, "base", time.Second, "the first wait, at full scale (herds; steady load has policy.Default's 100ms)")
-	flag.IntVar(&o.runs, "runs", 1, "run each strategy of the herd-* and steady-* scenarios this many times and print the medians")
+	flag.IntVar(&o.runs, "runs", 1, "run each strategy of the herd-*, steady-* and partial-* scenarios this many times and print the medians")
 	flag.StringVar(&o.goodputSVG, "goodput-svg", "", "write the steady loads' goodput over time to this SVG file")
+	flag.StringVar(&o.partialSVG, "partial-svg", "", "write the partial failures' calls ok against p to this SVG file")
 	flag.Float64Var(&o.scale, "scale", 1, "divide every duration by this (1 reproduces the published times)")
 	flag.StringVar(&o.svg, "svg", "", "also write the histograms to this SVG file")
 	flag.BoolVar(&o.trace, "trace", false, "print the span tree of a sample of retried calls")
@@ -142,8 +144,15 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 	}
 
 	var svgSections, goodputSections []stormlab.SVGSection
+	var partial partialRows
 	for _, sc := range scenarios {
 		scaled := sc.scenario.Scale(o.scale)
+		if scaled.IsPartial() {
+			if err := partial.run(ctx, runner, sc, o); err != nil {
+				return err
+			}
+			continue
+		}
 		if scaled.IsHerd() || scaled.IsSteady() {
 			section, err := runCompared(ctx, runner, sc, o, out)
 			if err != nil {
@@ -191,6 +200,9 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 		}
 		svgSections = append(svgSections, stormlab.SVGSection{Title: sc.scenario.Name + ": retries per window at the server", Results: results})
 	}
+	if err := partial.write(out, o); err != nil {
+		return err
+	}
 	fmt.Fprintln(out)
 	for _, l := range legends(scenarios) {
 		fmt.Fprintln(out, l)
@@ -212,13 +224,88 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 		}
 		fmt.Fprintf(out, "wrote %s\n", o.goodputSVG)
 	}
+	if o.partialSVG != "" && (len(partial.open) > 0 || len(partial.closed) > 0) {
+		if err := writeFile(o.partialSVG, func(w io.Writer) error { return stormlab.WritePartialSVG(w, partial.open, partial.closed) }); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "wrote %s\n", o.partialSVG)
+	}
 	return nil
+}
+
+// partialRows gathers the partial failures' rows, one per strategy, for
+// each loop: their scenarios print one table per loop, at the end.
+type partialRows struct {
+	open, closed []stormlab.PartialRow
+	openSC       []stormlab.Scenario // the scenarios run, scaled, in order
+	closedSC     []stormlab.Scenario
+}
+
+// run runs every strategy of the partial failure sc o.runs times, in turn,
+// and adds each strategy's cell to its row.
+func (p *partialRows) run(ctx context.Context, runner *stormlab.Runner, sc plannedScenario, o options) error {
+	rows, scs := &p.open, &p.openSC
+	if sc.scenario.IsClosedLoop() {
+		rows, scs = &p.closed, &p.closedSC
+	}
+	*scs = append(*scs, sc.scenario.Scale(o.scale))
+	results := make([][]stormlab.Result, len(sc.strategies))
+	for range o.runs { // in turn, so that a slow spell of the machine hits every strategy
+		for i, st := range sc.strategies {
+			r, err := runner.Run(ctx, sc.scenario, st, o.scale)
+			if err != nil {
+				return err
+			}
+			results[i] = append(results[i], r)
+		}
+	}
+	for i, st := range sc.strategies {
+		cell := stormlab.SummarizePartial(sc.scenario, o.scale, results[i]...)
+		j := slices.IndexFunc(*rows, func(r stormlab.PartialRow) bool { return r.Strategy == st.Name })
+		if j < 0 {
+			*rows = append(*rows, stormlab.PartialRow{Strategy: st.Name})
+			j = len(*rows) - 1
+		}
+		(*rows)[j].Cells = append((*rows)[j].Cells, cell)
+	}
+	return nil
+}
+
+// write prints the table of each loop that ran.
+func (p *partialRows) write(out io.Writer, o options) error {
+	for _, l := range []struct {
+		rows   []stormlab.PartialRow
+		scs    []stormlab.Scenario
+		closed bool
+	}{{p.open, p.openSC, false}, {p.closed, p.closedSC, true}} {
+		if len(l.rows) == 0 {
+			continue
+		}
+		sc := l.scs[0]
+		load := fmt.Sprintf("%.0f calls/s for %v", sc.Rate, sc.Duration)
+		if l.closed {
+			load = fmt.Sprintf("%d callers in a closed loop for %v", sc.Workers, sc.Duration)
+		}
+		fmt.Fprintf(out, "\n== partial failures, %s, deadline %v, %d attempts, waits from %v to %v; the server fails each attempt with probability p (scale 1/%g%s) ==\n\n",
+			load, sc.Deadline, sc.Attempts, sc.Base, sc.Cap, o.scale, medians(o.runs))
+		if err := stormlab.WritePartialTable(out, l.closed, l.rows); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func medians(runs int) string {
+	if runs <= 1 {
+		return ""
+	}
+	return fmt.Sprintf("; medians of %d runs", runs)
 }
 
 // runsOf is how many times each strategy of sc runs: -runs for the herds
 // and steady loads, once for the others.
 func runsOf(sc stormlab.Scenario, o options) int {
-	if sc.IsHerd() || sc.IsSteady() {
+	if sc.IsHerd() || sc.IsSteady() || sc.IsPartial() {
 		return o.runs
 	}
 	return 1
@@ -285,13 +372,15 @@ func runCompared(ctx context.Context, runner *stormlab.Runner, sc plannedScenari
 
 // legends returns the legends of the tables the scenarios print.
 func legends(scenarios []plannedScenario) []string {
-	var herd, steady, other bool
+	var herd, steady, partial, other bool
 	for _, sc := range scenarios {
 		switch {
 		case sc.scenario.IsHerd():
 			herd = true
 		case sc.scenario.IsSteady():
 			steady = true
+		case sc.scenario.IsPartial():
+			partial = true
 		default:
 			other = true
 		}
@@ -305,6 +394,9 @@ func legends(scenarios []plannedScenario) []string {
 	}
 	if steady {
 		out = append(out, stormlab.SteadyLegend)
+	}
+	if partial {
+		out = append(out, stormlab.PartialLegend)
 	}
 	return out
 }
@@ -345,14 +437,14 @@ func pickScenarios(o options) ([]plannedScenario, error) {
 	}
 	if o.runs > 1 {
 		for _, sc := range scs {
-			if !sc.IsHerd() && !sc.IsSteady() {
-				return nil, fmt.Errorf("-runs %d with -scenario %q: medians are for the herd-* and steady-* scenarios only", o.runs, which)
+			if !sc.IsHerd() && !sc.IsSteady() && !sc.IsPartial() {
+				return nil, fmt.Errorf("-runs %d with -scenario %q: medians are for the herd-*, steady-* and partial-* scenarios only", o.runs, which)
 			}
 		}
 	}
 	var out []plannedScenario
 	for _, sc := range scs {
-		if !sc.IsSteady() {
+		if !sc.IsSteady() && !sc.IsPartial() {
 			sc.Calls, sc.Attempts, sc.Base = o.calls, o.attempts, o.base
 		}
 		all := stormlab.StrategiesFor(sc)

@@ -120,6 +120,10 @@ type Strategy struct {
 	// Options are added after those Run builds from the fields above, so
 	// they can switch any feature on or off. Scale leaves them as they are.
 	Options []interceptor.Option
+	// Peer, if set, makes the strategy another client than herdguard's:
+	// the dial options it returns for the scenario (scaled) make the
+	// connection, and every field above is ignored.
+	Peer func(sc Scenario) []grpc.DialOption
 }
 
 // Strategies returns the strategies compared in a scenario, in order: retry
@@ -154,14 +158,17 @@ func BudgetStrategy(sc Scenario) Strategy {
 // StrategiesFor returns the strategies the demo compares in a scenario: all
 // of Strategies, plus the budget under the overload (a budget is sized for
 // steady traffic, so it is shown where retries amplify an outage), the
-// idempotency pair for lost replies, HerdStrategies for the herds and
-// SteadyStrategies for steady load.
+// idempotency pair for lost replies, HerdStrategies for the herds,
+// SteadyStrategies for steady load and PartialStrategies for the partial
+// failures.
 func StrategiesFor(sc Scenario) []Strategy {
 	switch {
 	case sc.IsSteady():
 		return SteadyStrategies()
 	case sc.IsHerd():
 		return HerdStrategies(sc)
+	case sc.IsPartial():
+		return PartialStrategies(sc)
 	}
 	switch sc.Name {
 	case Overload().Name:
@@ -286,6 +293,10 @@ type Result struct {
 	// Latencies are the successful calls' latencies, as the client saw
 	// them, in order (paced and steady runs only).
 	Latencies []time.Duration
+	// FailedLatencies are the failed calls' latencies, in order (steady
+	// runs, and closed loops, where they are a sample of up to
+	// failedSample per caller).
+	FailedLatencies []time.Duration
 	// Steady is what the client recorded of each call of a steady load;
 	// nil for other scenarios.
 	Steady *Steady
@@ -325,6 +336,9 @@ type Runner struct {
 // at full scale; every duration of both is divided by scale.
 func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float64) (Result, error) {
 	sc, st = sc.Scale(scale), st.Scale(scale)
+	if st.Peer != nil {
+		return r.RunClient(ctx, sc, st.Name, st.Peer(sc), nil)
+	}
 	opts := []interceptor.Option{interceptor.WithPolicy(st.Policy), interceptor.WithTracerProvider(r.TracerProvider)}
 	if st.Breaker != nil {
 		opts = append(opts, interceptor.WithBreaker(*st.Breaker), interceptor.WithOverloadControl(st.Overload))
@@ -575,6 +589,11 @@ var namedScenarios = []struct {
 	{"steady-outage", func() []Scenario { return []Scenario{SteadyOutage()} }},
 	{"steady-gentle", func() []Scenario { return []Scenario{SteadyGentle()} }},
 	{"steady", SteadyScenarios},
+	{"herds-deadline", HerdsDeadline},
+	{"partial-open", PartialOpen},
+	{"partial-closed", PartialClosed},
+	{"partial-short", PartialShort},
+	{"partial", PartialScenarios},
 }
 
 // ScenarioNames lists the names ScenariosNamed knows, for a command's

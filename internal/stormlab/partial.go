@@ -3,9 +3,12 @@ package stormlab
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/interceptor"
@@ -59,6 +62,12 @@ func PartialClosed() []Scenario { return partialAt(ClosedPartial) }
 // PartialScenarios are PartialOpen, then PartialClosed.
 func PartialScenarios() []Scenario { return append(PartialOpen(), PartialClosed()...) }
 
+// PartialShort is the short form make demo runs: each loop at p = 0.67
+// and at a dead server.
+func PartialShort() []Scenario {
+	return []Scenario{Partial(0.67), Partial(1), ClosedPartial(0.67), ClosedPartial(1)}
+}
+
 func partialAt(f func(float64) Scenario) []Scenario {
 	out := make([]Scenario, len(PartialShares))
 	for i, p := range PartialShares {
@@ -84,7 +93,10 @@ const (
 // PartialStrategies are those compared in a partial failure: no retries;
 // the scenario's retry policy alone (no breaker, no overload control);
 // herdguard's defaults (the policy, the default breaker and overload
-// control); and each protection alone.
+// control); each protection alone; and gRPC's built-in retry with the
+// same attempts and waits (GRPCRetryStrategy). The other peers, which
+// herdguard's module does not depend on, run beside them in module bench's
+// storm table.
 func PartialStrategies(sc Scenario) []Strategy {
 	p := policy.Policy{MaxAttempts: sc.Attempts, InitialBackoff: sc.Base, MaxBackoff: sc.Cap}
 	return []Strategy{
@@ -93,7 +105,36 @@ func PartialStrategies(sc Scenario) []Strategy {
 		{Name: HerdguardDefault, Policy: p, Breaker: &breaker.Settings{}},
 		{Name: BreakerOnly, Policy: p, Breaker: &breaker.Settings{}, Options: []interceptor.Option{interceptor.WithoutOverloadControl()}},
 		{Name: OverloadOnly, Policy: p, Breaker: &breaker.Settings{}, Options: []interceptor.Option{interceptor.WithoutBreaker()}},
+		GRPCRetryStrategy(false),
 	}
+}
+
+// GRPCRetryStrategy is gRPC's built-in retry, configured by a service
+// config with the scenario's attempts and waits (its own ±20 % jitter), and
+// with gRFC A6's usual retry throttling (10 tokens, a ratio of 0.1) when
+// throttling is true.
+func GRPCRetryStrategy(throttling bool) Strategy {
+	name := "gRPC built-in retry"
+	if throttling {
+		name += " + throttling"
+	}
+	return Strategy{Name: name, Peer: func(sc Scenario) []grpc.DialOption {
+		return []grpc.DialOption{grpc.WithDefaultServiceConfig(GRPCRetryConfig(sc.Attempts, sc.Base, sc.Cap, throttling))}
+	}}
+}
+
+// GRPCRetryConfig is a service config that has gRPC retry the demo
+// gateway's and grpc's test service's methods on Unavailable: attempts in
+// all, the first wait base, waits doubling up to cap, with gRFC A6's usual
+// throttling when throttling is true.
+func GRPCRetryConfig(attempts int, base, cap time.Duration, throttling bool) string {
+	t := ""
+	if throttling {
+		t = `, "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}`
+	}
+	return fmt.Sprintf(`{"methodConfig": [{"name": [{"service": "grpc.testing.TestService"}, {"service": "herdguard.demo.v1.GatewayService"}],
+	  "retryPolicy": {"maxAttempts": %d, "initialBackoff": "%.9fs", "maxBackoff": "%.9fs", "backoffMultiplier": 2,
+	  "retryableStatusCodes": ["UNAVAILABLE"]}}]%s}`, attempts, base.Seconds(), cap.Seconds(), t)
 }
 
 // runClosed runs the scenario's workers in a closed loop, each making one
@@ -103,8 +144,9 @@ func PartialStrategies(sc Scenario) []Strategy {
 // scaled, and the server was just reset.
 func (r *Runner) runClosed(ctx context.Context, sc Scenario, res Result, client demov1.GatewayServiceClient, ctl demov1.GatewayServiceClient) (Result, error) {
 	type tally struct {
-		outcomes  map[string]int
-		latencies []time.Duration
+		outcomes          map[string]int
+		latencies, failed []time.Duration
+		nFailed           int
 	}
 	t0 := time.Now()
 	end := t0.Add(sc.Duration)
@@ -113,6 +155,7 @@ func (r *Runner) runClosed(ctx context.Context, sc Scenario, res Result, client 
 	for w := range sc.Workers {
 		wg.Go(func() {
 			t := tally{outcomes: map[string]int{}}
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
 			for ctx.Err() == nil {
 				start := time.Now()
 				if !start.Before(end) {
@@ -122,8 +165,19 @@ func (r *Runner) runClosed(ctx context.Context, sc Scenario, res Result, client 
 				_, err := client.Charge(cctx, &demov1.ChargeRequest{AmountCents: 100})
 				cancel()
 				t.outcomes[outcome(err)]++
-				if err == nil {
-					t.latencies = append(t.latencies, time.Since(start))
+				took := time.Since(start)
+				switch {
+				case err == nil:
+					t.latencies = append(t.latencies, took)
+				case len(t.failed) < failedSample:
+					t.failed = append(t.failed, took)
+				default: // a uniform sample of the failed calls (Algorithm R)
+					if i := rng.IntN(t.nFailed + 1); i < failedSample {
+						t.failed[i] = took
+					}
+				}
+				if err != nil {
+					t.nFailed++
 				}
 			}
 			per[w] = t
@@ -139,8 +193,10 @@ func (r *Runner) runClosed(ctx context.Context, sc Scenario, res Result, client 
 			res.Calls += n
 		}
 		res.Latencies = append(res.Latencies, t.latencies...)
+		res.FailedLatencies = append(res.FailedLatencies, t.failed...)
 	}
 	slices.Sort(res.Latencies)
+	slices.Sort(res.FailedLatencies)
 	res.Succeeded = len(res.Latencies)
 	res.Failed = res.Calls - res.Succeeded
 	res.FastFails = res.Outcomes[string(interceptor.OutcomeBreakerOpen)]
@@ -152,6 +208,10 @@ func (r *Runner) runClosed(ctx context.Context, sc Scenario, res Result, client 
 	}
 	return res, ctx.Err()
 }
+
+// failedSample is how many failed calls' latencies a closed loop's caller
+// keeps, chosen at random among them.
+const failedSample = 1000
 
 // OKPerSecond is the calls that succeeded per second of the run's
 // duration: a closed loop's throughput.

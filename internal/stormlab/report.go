@@ -194,6 +194,11 @@ func writeStacked(w io.Writer, sections []SVGSection, keep func([]Result) []Resu
 		height += h
 		width = max(width, wd)
 	}
+	return writeSVGDoc(w, parts, width, height)
+}
+
+// writeSVGDoc writes one SVG file of the drawn parts, width by height.
+func writeSVGDoc(w io.Writer, parts []string, width, height int) error {
 	_, err := fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n"+
 		`<rect width="100%%" height="100%%" fill="white"/>`+"\n%s</svg>\n", width, height, strings.Join(parts, ""))
 	return err

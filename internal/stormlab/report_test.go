@@ -192,3 +192,47 @@ func TestWriteSteadyAndHerdTables(t *testing.T) {
 		t.Errorf("one run is not a median:\n%s", b.String())
 	}
 }
+
+// The partial-failure table shows, per strategy, the calls ok at each p
+// and the dead server's attempts and failed-call latency; PartialHarm
+// names each broken promise; the chart draws a line per strategy.
+func TestPartialTableAndHarm(t *testing.T) {
+	cell := func(p float64, ok int, okPerSec, attempts float64, failed time.Duration) PartialCell {
+		return PartialCell{P: p, Runs: 1, Calls: 1000, OK: ok, OKPerSec: okPerSec, AttemptsPerSec: attempts, FailedP50: failed}
+	}
+	alone := PartialRow{Strategy: RetriesAlone, Cells: []PartialCell{cell(0.67, 700, 7000, 1300, 0), cell(1, 0, 0, 1800, 150*time.Millisecond)}}
+	good := PartialRow{Strategy: HerdguardDefault, Cells: []PartialCell{cell(0.67, 695, 6000, 1280, 0), cell(1, 0, 0, 13, 50*time.Microsecond)}}
+	var b strings.Builder
+	if err := WritePartialTable(&b, false, []PartialRow{alone, good}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"calls ok at p = 0.67", "dead server: attempts/s", "70.0 %", "69.5 %", "1800", "150ms", "<0.1ms"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("open-loop table lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	if err := WritePartialTable(&b, true, []PartialRow{alone, good}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "ok calls/s at p = 0.67") || !strings.Contains(b.String(), "6000") {
+		t.Errorf("closed-loop table:\n%s", b.String())
+	}
+	if errs := PartialHarm([]PartialRow{alone, good}, false); len(errs) != 0 {
+		t.Errorf("open loop, no harm done: %v", errs)
+	}
+	if errs := PartialHarm([]PartialRow{alone, good}, true); len(errs) != 1 || !strings.Contains(errs[0].Error(), "6000") {
+		t.Errorf("closed loop, 6000 ok calls/s against 7000: %v, want that named", errs)
+	}
+	bad := PartialRow{Strategy: HerdguardDefault, Cells: []PartialCell{cell(0.67, 680, 7000, 1280, 0), cell(1, 0, 0, 200, 2*time.Second)}}
+	if errs := PartialHarm([]PartialRow{alone, bad}, false); len(errs) != 3 {
+		t.Errorf("open loop, 2 points fewer, 200 attempts/s and calls that wait 2 s at a dead server: %v, want 3 errors", errs)
+	}
+	b.Reset()
+	if err := WritePartialSVG(&b, []PartialRow{alone, good}, []PartialRow{alone}); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(b.String(), "<polyline"); n != 3 || !strings.Contains(b.String(), "closed loop") {
+		t.Errorf("chart has %d lines, want 3 in two charts:\n%s", n, b.String())
+	}
+}

@@ -261,9 +261,12 @@ func (r *Runner) steadyResult(ctx context.Context, res Result, st *Steady, ctl d
 		if c.OK() {
 			res.Succeeded++
 			res.Latencies = append(res.Latencies, c.End-c.Start)
+		} else {
+			res.FailedLatencies = append(res.FailedLatencies, c.End-c.Start)
 		}
 	}
 	slices.Sort(res.Latencies)
+	slices.Sort(res.FailedLatencies)
 	res.Failed = res.Calls - res.Succeeded
 	res.FastFails = res.Outcomes[string(interceptor.OutcomeBreakerOpen)]
 	res.BudgetRefusals = res.Outcomes[string(interceptor.OutcomeBudgetExhausted)]

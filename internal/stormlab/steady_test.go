@@ -492,13 +492,18 @@ func TestScenariosNamed(t *testing.T) {
 		{"herds", Herd(20).Name, 3},
 		{"steady-gentle", SteadyGentle().Name, 1},
 		{"steady", SteadyCut().Name, 3},
+		{"herds-deadline", HerdDeadline(20).Name, 3},
+		{"partial-open", Partial(0.3).Name, len(PartialShares)},
+		{"partial-closed", ClosedPartial(0.3).Name, len(PartialShares)},
+		{"partial-short", Partial(0.67).Name, 4},
+		{"partial", Partial(0.3).Name, 2 * len(PartialShares)},
 	} {
 		scs, ok := ScenariosNamed(tc.name)
 		if !ok || len(scs) != tc.n || scs[0].Name != tc.first {
 			t.Errorf("ScenariosNamed(%q) = %d scenarios, first %q, %v; want %d, first %q", tc.name, len(scs), first(scs), ok, tc.n, tc.first)
 		}
 	}
-	want := `"published", "overload", "lost-replies", "slow", "all", "herd-20", "herd-80", "herd-320", "herds", "steady-cut", "steady-outage", "steady-gentle" or "steady"`
+	want := `"published", "overload", "lost-replies", "slow", "all", "herd-20", "herd-80", "herd-320", "herds", "steady-cut", "steady-outage", "steady-gentle", "steady", "herds-deadline", "partial-open", "partial-closed", "partial-short" or "partial"`
 	if got := ScenarioNames(); got != want {
 		t.Errorf("ScenarioNames() = %s\nwant %s", got, want)
 	}
