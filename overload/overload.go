@@ -7,12 +7,53 @@
 // reports each attempt's [Outcome] with [Controller.Done] (or
 // [Controller.TimedOut], for one whose caller's deadline passed in flight).
 //
+// # Holding back only when it helps
+//
+// The controller holds attempts back only on evidence that holding back
+// helps: the server is overloaded (what it serves stops growing with what
+// it is sent), or down (nothing succeeds). A server that fails a share of
+// its attempts on its own, fast and whatever the load (dead replicas
+// behind a proxy, a bad shard), refuses the same share of a handful of
+// attempts as of the load that started the pacing; holding back only
+// loses it the calls that retries would have got through. So:
+//
+//   - the first probe a collapsed server answers starts a confirmation: a
+//     batch of 4 to 8 attempts (no more than the server answered in the
+//     interval that collapsed it) goes at once, and its outcomes are
+//     counted apart. If the server refused no less of the batch than of
+//     that interval, beyond chance (two standard deviations), the refusals
+//     are independent of the load: their share becomes the server's own,
+//     and the pacing ends. Otherwise the server took at the low rate what
+//     it refused at the high one, and the rate restarts as below. An
+//     answer to an attempt sent before the episode began (behind a queue,
+//     the server working through what it had) ends a collapse too, once the
+//     episode's first interval is over, and restarts the rate unconfirmed:
+//     a batch half refused by a full queue and half answered after it
+//     looked like independent failures;
+//   - overload is FailureRatio of the attempts that the server's share of
+//     independent failures leaves, not of every attempt: a server that
+//     fails 67 % on its own refuses more than half whatever the load, and
+//     is overloaded when it also refuses more than half of the rest;
+//   - a collapsed server that never answered this controller, and refused
+//     every attempt for 10 intervals (a second at the default Interval),
+//     is down: its waiters and the attempts that come fail at once with
+//     [ErrDown], but for one probe per interval. Time-outs ([Late]) are
+//     slow, not down, and never make a server down.
+//
+// Before, a server that failed two attempts in three on its own was paced
+// to a probe per interval for good: 2 % of a retrying client's calls got
+// through, against 69 % with no pacing.
+//
+// # Pacing
+//
 // While the server answers, Acquire returns at once: it takes no lock and
 // allocates nothing. When, within one Interval, at least MinFailures
-// attempts fail with an overload signal and they are every attempt, or more
-// than FailureRatio of the attempts by two standard deviations, the
-// controller starts pacing: every attempt waits for a token, and tokens come at a
-// rate that follows what the server takes. Independent failures well below
+// attempts fail with an overload signal and they are every attempt (which
+// the server's independent failures would refuse by chance less than once
+// in a million), or more than the overload share of the attempts by two
+// standard deviations, the controller starts pacing: every attempt waits
+// for a token, and tokens come at a rate that follows what the server
+// takes. Independent failures well below
 // the ratio are not overload and change nothing: the rule is checked at
 // every refusal, against the attempts so far, and without the margin 30 %
 // of independent failures started pacing in about 1 % of intervals by
@@ -35,14 +76,17 @@
 // its line to drain, rather than having its rate cut after each interval's
 // refusals, for good.
 //
-//   - An interval in which at least FailureRatio of the answers were
-//     refusals (more than the server's own share) ends in probing: one attempt per interval, so that a server that
+//   - An episode begins probing: an attempt at once, four in its first
+//     interval, then one per interval; and an interval in which at least
+//     the overload share of the answers were refusals (more than the
+//     server's own share) ends in probing, so that a server that
 //     stays down while it is hit (the metastable case) gets its calm. If
 //     the server took some attempts in that interval, and answered at
 //     least MinFailures, their number is the capacity it showed: a
 //     handful of attempts shows none.
-//   - The first answer after that restarts the rate at what the server is
-//     known to take: the throughput it sustained before the overload
+//   - The first answer to a probe, once a confirmation shows the refusals
+//     were load (above), restarts the rate at what the server is
+//     known to take, the batch counted in it: the throughput it sustained before the overload
 //     (pauses of Calm intervals or more left out: idle time is not what
 //     the server takes), or Headroom of the capacity it showed; with
 //     nothing known, a slow start that adds a token per answer.
@@ -85,7 +129,11 @@
 // sustained before this episode, and the server refused nothing in this
 // interval, a waiter whose deadline cannot be met (its wait in the line,
 // then the least time the server took to answer in the last interval) is
-// shed at once with [ErrShed] rather than sent late. At any rate an attempt
+// shed at once with [ErrShed] rather than sent late. Its wait is told at
+// that rate, as if nobody newer came: the attempts that come above the rate
+// may be a herd's own retries, which end; counted at the spare they left,
+// a herd of 1000 calls with 30 s deadlines on a server that takes 20 per
+// window, which a pacer that knew it served by 6 s, lost 460 of them. At any rate an attempt
 // is shed rather than sent with less time left than every answer of the
 // last interval took ([Controller.AnsweredAfter]): a server that queues
 // answers late, and an attempt sent too late only takes the place of one

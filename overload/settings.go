@@ -25,10 +25,12 @@ type Settings struct {
 	// at least MinFailures overload failures within one Interval, and
 	// every attempt or more than FailureRatio of that Interval's
 	// attempts (sent in it, or still in flight from the last, or answered
-	// if more), by more than chance makes (two standard deviations).
-	// Independent failures well below the ratio (a flaky network, a bad
-	// replica) are left to retries. 0 means DefaultMinFailures (20) and
-	// DefaultFailureRatio (0.5).
+	// if more) that the server's own share of independent failures leaves,
+	// by more than chance makes (two standard deviations). Independent
+	// failures (a flaky network, dead replicas behind a proxy) are left to
+	// retries, however many: above the ratio, a confirmation shows them
+	// for what they are (see the package doc). 0 means DefaultMinFailures
+	// (20) and DefaultFailureRatio (0.5).
 	MinFailures  int
 	FailureRatio float64
 	// Hold is how long the rate stays where a recovery put it before it
