@@ -202,14 +202,9 @@ func BenchmarkUnaryFailure3(b *testing.B) {
 		if p.name == "none" || p.name == "gobreaker" {
 			continue // they do not retry
 		}
-		if p.name == "herdguard" {
-			// Two attempts in three refused: herdguard's overload
-			// controller would pace them, as it should; this measures the
-			// retry machinery, as the other peers have none.
-			p.dial = func(tb testing.TB, n int, d time.Duration) []grpc.DialOption {
-				return herdguard(tb, n, d, interceptor.WithoutOverloadControl()).DialOptions()
-			}
-		}
+		// herdguard runs with its defaults, the overload controller on:
+		// two attempts in three refused whatever the load are no
+		// overload, and a confirmation ends the pacing they start.
 		b.Run("peer="+p.name, func(b *testing.B) {
 			c := srv.Client(b, p.dial(b, 3, time.Nanosecond)...)
 			ctx := context.Background()

@@ -649,8 +649,8 @@ func confirmLoad(c *Controller) {
 }
 
 // A herd over a server that takes 20 per interval and then stays down:
-// probes newest first, the first at once, four in the interval in which
-// the herd began and then one per interval; once one is answered and the
+// probes newest first, the first at once, four an interval early in the
+// episode and then one per interval; once one is answered and the
 // confirmation's batch too, 90 % of the measured capacity.
 func TestHerdSequence(t *testing.T) {
 	c, clk := newController(t, Settings{})
@@ -660,30 +660,44 @@ func TestHerdSequence(t *testing.T) {
 		t.Fatal("not pacing after the herd")
 	}
 	ctx := context.Background()
-	if d, err := c.Acquire(ctx); d != 0 || err != nil {
-		t.Fatalf("first probe: held %v, %v; want it sent at once", d, err)
+	probe := func() { // a probe that goes at once, refused
+		t.Helper()
+		if d, err := c.Acquire(ctx); d != 0 || err != nil {
+			t.Fatalf("probe: held %v, %v; want it sent at once", d, err)
+		}
+		c.Done(Overloaded)
 	}
-	c.Done(Overloaded)
+	probe()
 	out := make(chan grant, 10)
-	for id := range 6 {
+	for id := range 2 {
 		acquireAsync(ctx, c, id, out)
 		waitLine(t, c, id+1)
 	}
-	// The herd's interval: a probe every 25ms, newest first; it ends
-	// collapsed (ceiling 20), one probe per interval.
-	for _, want := range []int{5, 4, 3, 2} {
+	// Early in the episode: a probe every 25ms, newest first.
+	for _, want := range []int{1, 0} {
 		clk.Advance(DefaultInterval / 4)
 		if g := <-out; g.id != want || g.err != nil {
-			t.Fatalf("probe in the herd's interval went to %d (%v), want %d", g.id, g.err, want)
+			t.Fatalf("early probe went to %d (%v), want %d", g.id, g.err, want)
 		}
 		c.Done(Overloaded) // the server is still down
 	}
+	clk.Advance(firstProbeIntervals * DefaultInterval)
 	if got := rateOf(c); got != 1 {
-		t.Fatalf("rate after the herd's interval = %v per interval, want 1 (a probe)", got)
+		t.Fatalf("rate later in the episode = %v per interval, want 1 (a probe)", got)
+	}
+	probe() // the token that came meanwhile
+	for id := 2; id < 5; id++ {
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id-1)
 	}
 	clk.Advance(DefaultInterval)
-	if g := <-out; g.id != 1 {
-		t.Fatalf("next probe went to %d, want 1", g.id)
+	if g := <-out; g.id != 4 || g.err != nil {
+		t.Fatalf("next probe went to %d (%v), want the newest, 4", g.id, g.err)
+	}
+	c.Done(Overloaded)
+	clk.Advance(DefaultInterval)
+	if g := <-out; g.id != 3 {
+		t.Fatalf("next probe went to %d, want 3", g.id)
 	}
 	c.Done(Answered) // it recovered,
 	confirmLoad(c)   // and takes the confirmation's batch: restart at 90 % of 20
@@ -691,11 +705,11 @@ func TestHerdSequence(t *testing.T) {
 		t.Fatalf("rate after recovery = %v per interval, want 18", got)
 	}
 	clk.Advance(DefaultInterval / 10)
-	if g := <-out; g.id != 0 || g.err != nil {
+	if g := <-out; g.id != 2 || g.err != nil {
 		t.Fatalf("last waiter: %+v", g)
 	}
-	if st := c.State(); st.Delayed != 6 || st.Shed != 0 {
-		t.Errorf("delayed %d shed %d, want 6 and 0", st.Delayed, st.Shed)
+	if st := c.State(); st.Delayed != 5 || st.Shed != 0 {
+		t.Errorf("delayed %d shed %d, want 5 and 0", st.Delayed, st.Shed)
 	}
 }
 
@@ -726,8 +740,8 @@ func calmThenFail(t *testing.T, perInterval int) (*Controller, *fakeClock) {
 func TestRestartsAndGrowth(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
 	clk.Advance(DefaultInterval) // collapsed
-	if got := rateOf(c); got != 1 {
-		t.Fatalf("collapsed rate = %v, want 1", got)
+	if got := rateOf(c); got != firstProbes {
+		t.Fatalf("collapsed rate = %v, want %v early in the episode", got, firstProbes)
 	}
 	answerProbe(t, c)
 	if got := rateOf(c); got != 60 {
@@ -1140,7 +1154,8 @@ func TestRetryWaitsAtTheBack(t *testing.T) {
 	c, clk := newController(t, Settings{})
 	report(c, Answered, 1) // a server that answered once: not down
 	report(c, Overloaded, 20)
-	clk.Advance(DefaultInterval) // collapsed: one probe per interval
+	// Collapsed, and later in the episode: one probe per interval.
+	clk.Advance(firstProbeIntervals * DefaultInterval)
 	// The probe.
 	if _, err := c.Acquire(context.Background()); err != nil {
 		t.Fatal(err)
