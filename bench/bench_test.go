@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"io"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -226,8 +227,8 @@ func BenchmarkUnaryFailure3(b *testing.B) {
 // (breaker and overload controller on, waits of 1 ns) must keep up with a
 // hand-written loop with the same wire behaviour: at least 1/1.5 of its
 // calls a second. Before issue 32 they made 141 a second against 12,220:
-// two refusals in three looked like overload. It reports calls/s (ns/op
-// is the whole run's, allocations are BenchmarkUnaryFailure3's).
+// two refusals in three looked like overload. It reports calls/s, and ns,
+// bytes and allocations per call (the whole process's, server included).
 func BenchmarkSerialFailingCaller(b *testing.B) {
 	srv := testserver.Start(b, &testserver.Server{NoRecord: true, Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
@@ -246,6 +247,8 @@ func BenchmarkSerialFailingCaller(b *testing.B) {
 		b.Run("peer="+p.name, func(b *testing.B) {
 			c := srv.Client(b, p.dial(b, 3, time.Nanosecond)...)
 			ctx := context.Background()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
 			calls, began := 0, time.Now()
 			for time.Since(began) < sustained {
 				if _, err := c.UnaryCall(ctx, req); err != nil {
@@ -253,7 +256,13 @@ func BenchmarkSerialFailingCaller(b *testing.B) {
 				}
 				calls++
 			}
-			b.ReportMetric(float64(calls)/time.Since(began).Seconds(), "calls/s")
+			took := time.Since(began)
+			runtime.ReadMemStats(&after)
+			// Per call, not per run: these replace the whole run's figures.
+			b.ReportMetric(float64(calls)/took.Seconds(), "calls/s")
+			b.ReportMetric(float64(took.Nanoseconds())/float64(calls), "ns/op")
+			b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc)/float64(calls), "B/op")
+			b.ReportMetric(float64(after.Mallocs-before.Mallocs)/float64(calls), "allocs/op")
 		})
 	}
 }

@@ -15,9 +15,12 @@
 // With no options: 3 attempts, waits from 100ms doubling to at most 10s
 // with full jitter, retrying Unavailable and ResourceExhausted
 // ([policy.Default]); a breaker per target that opens after 5 failed calls
-// in a row and probes after 500ms, an open period that doubles while probes
-// fail, up to 10s (package breaker); an overload controller per target
-// (package overload); spans to the global OpenTelemetry provider.
+// in a row once that run has lasted 1s (nothing succeeds), and probes after
+// 500ms, an open period that doubles while probes fail, up to 10s (package
+// breaker); an overload controller per target (package overload), which
+// holds attempts back only while that helps: a server that fails a share of
+// its attempts on its own, whatever the load, is left to the retries;
+// spans to the global OpenTelemetry provider.
 //
 // # What is retried
 //
