@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"time"
 
@@ -195,18 +194,8 @@ func (r *Runner) runClosed(ctx context.Context, sc Scenario, res Result, client 
 		res.Latencies = append(res.Latencies, t.latencies...)
 		res.FailedLatencies = append(res.FailedLatencies, t.failed...)
 	}
-	slices.Sort(res.Latencies)
-	slices.Sort(res.FailedLatencies)
 	res.Succeeded = len(res.Latencies)
-	res.Failed = res.Calls - res.Succeeded
-	res.FastFails = res.Outcomes[string(interceptor.OutcomeBreakerOpen)]
-	res.BudgetRefusals = res.Outcomes[string(interceptor.OutcomeBudgetExhausted)]
-	var err error
-	res.Stats, err = ctl.GetStats(ctx, &demov1.GetStatsRequest{})
-	if err != nil {
-		return res, fmt.Errorf("read the server's counts: %w", err)
-	}
-	return res, ctx.Err()
+	return finishResult(ctx, res, ctl)
 }
 
 // failedSample is how many failed calls' latencies a closed loop's caller

@@ -265,6 +265,12 @@ func (r *Runner) steadyResult(ctx context.Context, res Result, st *Steady, ctl d
 			res.FailedLatencies = append(res.FailedLatencies, c.End-c.Start)
 		}
 	}
+	return finishResult(ctx, res, ctl)
+}
+
+// finishResult sorts res's latencies, fills in what its calls and outcomes
+// give, and reads the server's counts.
+func finishResult(ctx context.Context, res Result, ctl demov1.GatewayServiceClient) (Result, error) {
 	slices.Sort(res.Latencies)
 	slices.Sort(res.FailedLatencies)
 	res.Failed = res.Calls - res.Succeeded

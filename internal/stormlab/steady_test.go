@@ -478,6 +478,43 @@ func TestSteadyRunOverGRPC(t *testing.T) {
 	}
 }
 
+// A closed loop keeps its callers busy until its duration has passed,
+// counts every call, and keeps the latencies of the ok ones and of the
+// failed ones; against a server that fails every attempt, a retrying
+// strategy sends its attempts and every call fails.
+func TestClosedLoopOverGRPC(t *testing.T) {
+	_, addr := startServer(t, Faults{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, tc := range []struct {
+		p      float64
+		st     Strategy
+		perOne float64 // attempts per call
+	}{
+		{0, NoRetriesStrategy(), 1},
+		{1, PartialStrategies(ClosedPartial(1))[1], 3}, // retries alone, 3 attempts
+	} {
+		sc := ClosedPartial(tc.p)
+		sc.Workers, sc.Duration = 2, 300*ms
+		res, err := (&Runner{Addr: addr}).Run(ctx, sc, tc.st, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := 0
+		for _, n := range res.Outcomes {
+			sum += n
+		}
+		if res.Calls == 0 || sum != res.Calls || res.Succeeded+res.Failed != res.Calls || len(res.Latencies)+len(res.FailedLatencies) != res.Calls ||
+			res.Elapsed < sc.Duration || res.AttemptsPerCall() != tc.perOne {
+			t.Errorf("p = %g, %s: %d calls (outcomes %v), %d ok, %d failed, %d and %d latencies, %v, %.2f attempts a call; want them to add up, over %v, %v a call",
+				tc.p, tc.st.Name, res.Calls, res.Outcomes, res.Succeeded, res.Failed, len(res.Latencies), len(res.FailedLatencies), res.Elapsed, res.AttemptsPerCall(), sc.Duration, tc.perOne)
+		}
+		if (tc.p == 0) != (res.Failed == 0) || (tc.p == 1) != (res.Succeeded == 0) {
+			t.Errorf("p = %g: %d ok, %d failed", tc.p, res.Succeeded, res.Failed)
+		}
+	}
+}
+
 // Every name ScenarioNames lists stands for scenarios; an unknown one for
 // none.
 func TestScenariosNamed(t *testing.T) {
