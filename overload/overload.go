@@ -893,7 +893,13 @@ func (c *Controller) closeLocked(ok float64, now time.Time) {
 }
 
 // restartLocked sets the rate after the first answer that ends a collapse.
-func (c *Controller) restartLocked(now time.Time) {
+func (c *Controller) restartLocked(now time.Time) { c.restartAfterLocked(now, 0) }
+
+// restartAfterLocked is restartLocked after sent attempts went at once in
+// this interval (a confirmation's batch): the restarted rate counts them,
+// up to an interval's worth of it, so that the server's window takes no
+// more than the rate.
+func (c *Controller) restartAfterLocked(now time.Time, sent float64) {
 	c.collapsed.Store(false)
 	c.rate, c.growAt = c.freeLocked(), now.Add(c.s.Hold)
 	c.inSum, c.inN = 0, 0 // the arrivals while collapsed hold the retries of its refusals
@@ -905,6 +911,7 @@ func (c *Controller) restartLocked(now time.Time) {
 	if math.IsInf(c.rate, 1) {
 		c.rate, c.growAt = 2, now // nothing known: a slow start, at once
 	}
+	c.tokens -= min(sent, c.rate)
 	c.serveLocked(now)
 }
 
@@ -983,13 +990,13 @@ func (c *Controller) judgeLocked(now time.Time) {
 		c.independentLocked(ok, fail)
 	default:
 		// The refusals followed the load. The batch went in this
-		// interval: the restarted rate counts it, so that the server's
-		// window takes no more than the rate (a herd's sticky server,
+		// interval: the restarted rate counts it (a herd's sticky server,
 		// which takes 20 per window, was sent the batch of 8 and the 18
-		// of the restarted rate in one window, and collapsed again).
+		// of the restarted rate in one window, and collapsed again), but
+		// for no more than an interval: counted whole against a slow
+		// start of 2 an interval, a batch of 8 would hold it back for 400ms.
 		c.indep, c.loadShown = 0, true
-		c.tokens -= float64(sent)
-		c.restartLocked(now)
+		c.restartAfterLocked(now, float64(sent))
 	}
 }
 

@@ -978,6 +978,39 @@ func TestRestartWithNothingKnown(t *testing.T) {
 	}
 }
 
+// The confirmation's batch counts against the restarted rate for at most
+// an interval: a slow start of 2 an interval after a batch of 4 owes 2
+// tokens, and serves its line within two intervals (counted whole, the 4
+// would hold it for two and a half).
+func TestBatchCountsAgainstOneIntervalAtMost(t *testing.T) {
+	c, clk := newController(t, Settings{})
+	report(c, Overloaded, 20)
+	clk.Advance(DefaultInterval) // collapsed, later than the first probe
+	if _, err := c.Acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c.Done(Answered) // the probe's answer: a batch of 4, and its attempts go
+	for range confirmMin {
+		if d, err := c.Acquire(context.Background()); d != 0 || err != nil {
+			t.Fatalf("batch attempt: held %v, %v; want it sent at once", d, err)
+		}
+	}
+	out := make(chan grant, 1)
+	acquireAsync(context.Background(), c, 0, out)
+	waitLine(t, c, 1)
+	confirmLoad(c) // answered: a slow start at 2
+	if got := rateOf(c); got != 2 {
+		t.Fatalf("restart = %v per interval, want a slow start at 2", got)
+	}
+	clk.Advance(2 * DefaultInterval)
+	if c.State().Waiting != 0 {
+		t.Fatal("the waiter was not served within two intervals of the restart")
+	}
+	if g := <-out; g.err != nil {
+		t.Fatalf("waiter: %v", g.err)
+	}
+}
+
 // A pause in the calm stretch before an overload is not throughput: the
 // restart returns to what the server took while the client was busy, and
 // with too little known (less than an answer per interval) to a slow
