@@ -76,8 +76,9 @@
 // its line to drain, rather than having its rate cut after each interval's
 // refusals, for good.
 //
-//   - An episode begins probing: an attempt at once, four in its first
-//     interval, then one per interval; and an interval in which at least
+//   - An episode begins probing: an attempt at once, four per interval
+//     for its first three intervals (until a confirmation shows load),
+//     then one per interval; and an interval in which at least
 //     the overload share of the answers were refusals (more than the
 //     server's own share) ends in probing, so that a server that
 //     stays down while it is hit (the metastable case) gets its calm. If
@@ -596,8 +597,8 @@ func (c *Controller) beginLocked(now time.Time) {
 	c.batch, c.confirmNeed, c.confirmOK, c.confirmFail, c.down, c.refusedRun = 0, 0, 0, 0, false, 0
 	c.pacing.Store(true)
 	c.episodes.Add(1)
-	// Collapsed from the start: one probe per interval, the first at
-	// once, and its answer starts a confirmation (answeredCollapsedLocked).
+	// Collapsed from the start: probes (probeRateLocked), the first at
+	// once, and an answer starts a confirmation (answeredCollapsedLocked).
 	c.collapsed.Store(true)
 	c.rate, c.tokens, c.refilled, c.fresh, c.loadShown = firstProbes, 1, now, true, false
 	c.ceiling, c.setbacks, c.quiet, c.tookMost, c.cut, c.moreClean = 0, 0, 0, 0, false, false
