@@ -1,0 +1,33 @@
+// Package mesh is herdguard's server half: it stops retry amplification
+// across the hops of a mesh, where every layer retries and d layers of 3
+// attempts send 3^d attempts to the bottom one.
+//
+// Two rules, after the Google SRE book ("Handling Overload"): retry at one
+// layer only, the one right above the failure; and when that layer gives
+// up, tell the layers above not to retry.
+//
+//   - When a call made through herdguard gives up (out of attempts, shed,
+//     refused by an open breaker, stopped by a pushback, or out of budget),
+//     the request being served answers with gRPC's standard "don't retry"
+//     signal, a grpc-retry-pushback-ms trailer of -1, which herdguard,
+//     gRPC's built-in retry in every language and proxies honour, and with a
+//     herdguard-gave-up trailer naming the outcome. The handler's status
+//     code is kept as it is.
+//   - A request that is itself a retry or a hedge (grpc-previous-rpc-attempts,
+//     herdguard-attempt or x-retry-attempt in its metadata), or that arrived
+//     with herdguard-retries-below: 0, makes one attempt per call below, and
+//     passes herdguard-retries-below: 0 on, so that only one layer retries
+//     along any path.
+//
+// A server installs both halves: the server interceptors, and the client
+// half on the connections its handlers call through:
+//
+//	srv := grpc.NewServer(mesh.ServerOptions()...)
+//	ic, _ := interceptor.New()
+//	cc, _ := grpc.NewClient(target, mesh.DialOptions(ic)...)
+//
+// Handlers must make their calls with the request's context (or one derived
+// from it), as they must for its deadline to propagate. A request whose
+// downstream calls succeed is served exactly as without the package; the
+// server interceptors allocate nothing on that path.
+package mesh
