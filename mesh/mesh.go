@@ -95,7 +95,7 @@ func signal(ctx context.Context, outcome string) {
 // knows not to say it twice. Its text and status are err's.
 type signalled struct{ error }
 
-func (e signalled) Unwrap() error                { return e.error }
+func (e signalled) Unwrap() error              { return e.error }
 func (e signalled) GRPCStatus() *status.Status { return status.Convert(e.error) }
 
 // retryableAbove reports whether a single attempt's failure with err would
