@@ -1,0 +1,246 @@
+package mesh_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/mesh"
+	"github.com/herdguard/herdguard/overload"
+	"github.com/herdguard/herdguard/policy"
+	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
+)
+
+func unavailable(context.Context, int64) error { return status.Error(codes.Unavailable, "leaf: down") }
+
+// TestTrailerOnEveryGiveUp sends one call through a middle tier that has
+// both halves to a leaf, and checks the answer: "don't retry" (a pushback
+// of -1 and the outcome) on every way a herdguard call below gives up, and
+// on none of the others, with the handler's status code kept.
+func TestTrailerOnEveryGiveUp(t *testing.T) {
+	hang := func(ctx context.Context, _ int64) error {
+		<-ctx.Done()
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	tests := []struct {
+		name   string
+		answer func(ctx context.Context, n int64) error
+		opts   []interceptor.Option
+		wrap   func(error) error
+		// prime calls are made first, through the same middle tier.
+		prime    int
+		incoming metadata.MD
+		timeout  time.Duration
+		code     codes.Code
+		gaveUp   string // "": no trailer
+		attempts int64  // the leaf's attempts, prime calls included (0: not checked)
+	}{
+		{name: "ok", answer: func(context.Context, int64) error { return nil }, code: codes.OK, attempts: 1},
+		{name: "out of attempts", answer: unavailable, code: codes.Unavailable, gaveUp: "exhausted", attempts: 3},
+		{name: "out of attempts, status rewritten by the handler", answer: unavailable,
+			wrap: func(err error) error { return status.Errorf(codes.Internal, "charge: %v", err) },
+			code: codes.Internal, gaveUp: "exhausted", attempts: 3},
+		{name: "stopping pushback", answer: func(ctx context.Context, _ int64) error {
+			_ = grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", "-1"))
+			return status.Error(codes.Unavailable, "leaf: overloaded; don't retry")
+		}, code: codes.Unavailable, gaveUp: "pushback_stop", attempts: 1},
+		{name: "out of budget", answer: unavailable,
+			opts: []interceptor.Option{interceptor.WithRetryThrottling(policy.Throttling{MaxTokens: 1, TokenRatio: 0.1})},
+			code: codes.Unavailable, gaveUp: "budget_exhausted", attempts: 1},
+		{name: "open breaker", answer: unavailable,
+			opts:  []interceptor.Option{interceptor.WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Minute})},
+			prime: 1, code: codes.Unavailable, gaveUp: "breaker_open", attempts: 3},
+		{name: "a retry above: one attempt below", answer: unavailable,
+			incoming: metadata.Pairs("grpc-previous-rpc-attempts", "1"),
+			code:     codes.Unavailable, gaveUp: mesh.OutcomeRetriedAbove, attempts: 1},
+		{name: "not retryable", answer: func(context.Context, int64) error { return status.Error(codes.InvalidArgument, "leaf: bad amount") },
+			code: codes.InvalidArgument, attempts: 1},
+		{name: "a retry above, not retryable", answer: func(context.Context, int64) error { return status.Error(codes.InvalidArgument, "leaf: bad amount") },
+			incoming: metadata.Pairs("herdguard-attempt", "2"), code: codes.InvalidArgument, attempts: 1},
+		{name: "deadline", answer: hang, timeout: 100 * time.Millisecond, code: codes.DeadlineExceeded, attempts: 1},
+		{name: "failed after commit", answer: func(ctx context.Context, _ int64) error {
+			_ = grpc.SendHeader(ctx, metadata.Pairs("leaf", "committed"))
+			return status.Error(codes.Unavailable, "leaf: failed after headers")
+		}, code: codes.Unavailable, attempts: 1},
+		{name: "succeeded on a retry", answer: func(_ context.Context, n int64) error {
+			if n < 3 {
+				return status.Error(codes.Unavailable, "leaf: down")
+			}
+			return nil
+		}, code: codes.OK, attempts: 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := &leaf{answer: tt.answer}
+			opts := append([]interceptor.Option{interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl()}, tt.opts...)
+			mid := &tier{next: dial(t, serve(t, l), mesh.DialOptions(herdguard(t, opts...))...), wrap: tt.wrap}
+			user := plain(t, serve(t, mid, mesh.ServerOptions()...))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for range tt.prime {
+				_, _ = user.Charge(ctx, &demov1.ChargeRequest{})
+			}
+			if tt.timeout > 0 {
+				var c context.CancelFunc
+				ctx, c = context.WithTimeout(ctx, tt.timeout)
+				defer c()
+			}
+			if tt.incoming != nil {
+				ctx = metadata.NewOutgoingContext(ctx, tt.incoming)
+			}
+			var trailer metadata.MD
+			_, err := user.Charge(ctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
+			if got := status.Code(err); got != tt.code {
+				t.Errorf("code %v (%v), want %v", got, err, tt.code)
+			}
+			checkTrailer(t, trailer, tt.gaveUp)
+			if got := l.attempts.Load(); tt.attempts > 0 && got != tt.attempts {
+				t.Errorf("the leaf received %d attempts, want %d", got, tt.attempts)
+			}
+		})
+	}
+}
+
+// checkTrailer checks that trailer says "don't retry" once, because of
+// gaveUp, or, for "", says nothing of the kind.
+func checkTrailer(t *testing.T, trailer metadata.MD, gaveUp string) {
+	t.Helper()
+	push, why := trailer.Get("grpc-retry-pushback-ms"), trailer.Get(mesh.GaveUpTrailerKey)
+	if gaveUp == "" {
+		if len(push) > 0 || len(why) > 0 {
+			t.Errorf("trailer %v: want no pushback and no %s", trailer, mesh.GaveUpTrailerKey)
+		}
+		return
+	}
+	if len(push) != 1 || push[0] != "-1" || len(why) != 1 || why[0] != gaveUp {
+		t.Errorf("trailer %v: want grpc-retry-pushback-ms [-1] and %s [%s]", trailer, mesh.GaveUpTrailerKey, gaveUp)
+	}
+}
+
+// TestTrailerOnShed: a call the overload controller sheds gives up. The
+// leaf refuses everything and has never answered, so the controller soon
+// holds it down and sheds every call but one probe an interval (a trigger
+// needs only 2 refusals an interval here: the test sends about 10).
+func TestTrailerOnShed(t *testing.T) {
+	l := &leaf{answer: unavailable}
+	ic := herdguard(t, interceptor.WithPolicy(fast(1)), interceptor.WithoutBreaker(),
+		interceptor.WithOverloadControl(overload.Settings{Interval: 10 * time.Millisecond, MinFailures: 2}))
+	mid := &tier{next: dial(t, serve(t, l), mesh.DialOptions(ic)...)}
+	user := plain(t, serve(t, mid, mesh.ServerOptions()...))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		var trailer metadata.MD
+		_, err := user.Charge(ctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
+		if why := trailer.Get(mesh.GaveUpTrailerKey); len(why) == 1 && why[0] == "shed" {
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("shed call: %v, want Unavailable", err)
+			}
+			checkTrailer(t, trailer, "shed")
+			return
+		}
+		time.Sleep(time.Millisecond) // a call per millisecond, so that intervals pass
+	}
+	t.Fatal("no call was shed within 20 s against a leaf that refuses everything")
+}
+
+// TestServerHalfAlone: a handler whose connection below has herdguard but
+// not the client half still answers "don't retry" when it returns the
+// give-up's error (wrapped or not), through the server interceptor alone;
+// one that rewrites the error into a new status loses it, as the package
+// says.
+func TestServerHalfAlone(t *testing.T) {
+	tests := []struct {
+		name   string
+		wrap   func(error) error
+		gaveUp string
+	}{
+		{"returned as it is", nil, "exhausted"},
+		{"wrapped", func(err error) error { return fmt.Errorf("charge: %w", err) }, "exhausted"},
+		{"rewritten", func(err error) error { return status.Error(codes.Internal, err.Error()) }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ic := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+			mid := &tier{next: dial(t, serve(t, &leaf{answer: unavailable}), ic.DialOptions()...), wrap: tt.wrap}
+			user := plain(t, serve(t, mid, mesh.ServerOptions()...))
+			var trailer metadata.MD
+			_, err := user.Charge(context.Background(), &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
+			if err == nil {
+				t.Fatal("the call succeeded against a leaf that refuses everything")
+			}
+			checkTrailer(t, trailer, tt.gaveUp)
+		})
+	}
+}
+
+// TestStreamsBeforeAndAfterCommit: a server stream below that fails before
+// it has sent anything is retried and gives up; one that fails after a
+// message has committed, and was not retried: only the first says "don't
+// retry". The tier serves a stream, so the server half's stream
+// interceptor answers.
+func TestStreamsBeforeAndAfterCommit(t *testing.T) {
+	tests := []struct {
+		name     string
+		stream   func(ss grpc.ServerStreamingServer[demov1.ListChargesResponse], n int64) error
+		received int
+		gaveUp   string
+		attempts int64
+	}{
+		{"before commit", func(grpc.ServerStreamingServer[demov1.ListChargesResponse], int64) error {
+			return status.Error(codes.Unavailable, "leaf: down")
+		}, 0, "exhausted", 3},
+		{"after commit", func(ss grpc.ServerStreamingServer[demov1.ListChargesResponse], _ int64) error {
+			if err := ss.Send(&demov1.ListChargesResponse{ChargeId: "c1"}); err != nil {
+				return err
+			}
+			return status.Error(codes.Unavailable, "leaf: down after a message")
+		}, 1, "", 1},
+	}
+	for _, tt := range tests {
+		for _, half := range []string{"client half", "server half alone"} {
+			t.Run(tt.name+", "+half, func(t *testing.T) {
+				l := &leaf{stream: tt.stream}
+				ic := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+				dopts := mesh.DialOptions(ic)
+				if half == "server half alone" {
+					dopts = ic.DialOptions()
+				}
+				mid := &tier{next: dial(t, serve(t, l), dopts...)}
+				user := plain(t, serve(t, mid, mesh.ServerOptions()...))
+				cs, err := user.ListCharges(context.Background(), &demov1.ListChargesRequest{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := 0
+				for {
+					_, err = cs.Recv()
+					if err != nil {
+						break
+					}
+					got++
+				}
+				if errors.Is(err, io.EOF) || status.Code(err) != codes.Unavailable {
+					t.Errorf("stream ended with %v, want Unavailable", err)
+				}
+				if got != tt.received {
+					t.Errorf("received %d messages, want %d", got, tt.received)
+				}
+				checkTrailer(t, cs.Trailer(), tt.gaveUp)
+				if n := l.attempts.Load(); n != tt.attempts {
+					t.Errorf("the leaf received %d attempts, want %d", n, tt.attempts)
+				}
+			})
+		}
+	}
+}

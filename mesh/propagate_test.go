@@ -1,0 +1,133 @@
+package mesh_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/mesh"
+	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
+)
+
+// chain is user → gateway → service → leaf, each tier a real server whose
+// calls below retry up to 3 attempts through herdguard, with (withMesh) or
+// without both halves of the package.
+type chain struct {
+	user             demov1.GatewayServiceClient
+	gateway, service *tier
+	leaf             *leaf
+}
+
+func newChain(t *testing.T, withMesh bool, answer func(context.Context, int64) error) *chain {
+	t.Helper()
+	c := &chain{leaf: &leaf{answer: answer}}
+	hop := func(addr string) demov1.GatewayServiceClient {
+		ic := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+		if withMesh {
+			return dial(t, addr, mesh.DialOptions(ic)...)
+		}
+		return dial(t, addr, ic.DialOptions()...)
+	}
+	var sopts []grpc.ServerOption
+	if withMesh {
+		sopts = mesh.ServerOptions()
+	}
+	c.service = &tier{next: hop(serve(t, c.leaf))}
+	c.gateway = &tier{next: hop(serve(t, c.service, sopts...))}
+	c.user = hop(serve(t, c.gateway, sopts...))
+	return c
+}
+
+// TestOneLayerRetries: with the package at every tier of a depth-3 chain
+// to a leaf that refuses everything, the leaf receives the 3 attempts of
+// the layer right above it per user call, against 27 without; many user
+// calls at once, so that the race detector sees the propagation.
+func TestOneLayerRetries(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		withMesh bool
+		leafPer  int64
+	}{{"without the package", false, 27}, {"with it", true, 3}} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newChain(t, tt.withMesh, unavailable)
+			const calls = 16
+			var wg sync.WaitGroup
+			errs := make(chan error, calls)
+			for range calls {
+				wg.Go(func() {
+					_, err := c.user.Charge(context.Background(), &demov1.ChargeRequest{})
+					errs <- err
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if status.Code(err) != codes.Unavailable {
+					t.Errorf("user call: %v, want Unavailable", err)
+				}
+			}
+			if got := c.leaf.attempts.Load(); got != calls*tt.leafPer {
+				t.Errorf("the leaf received %d attempts for %d user calls, want %d each", got, calls, tt.leafPer)
+			}
+		})
+	}
+}
+
+// TestRetryAboveLimitsEveryLayerBelow: a user call that is itself a retry
+// (gRPC's grpc-previous-rpc-attempts) makes one attempt at every layer
+// below, each passing herdguard-retries-below: 0 on; a first send carries
+// nothing new, and a request whose calls below succeed is answered as
+// without the package.
+func TestRetryAboveLimitsEveryLayerBelow(t *testing.T) {
+	var down atomic.Bool
+	c := newChain(t, true, func(context.Context, int64) error {
+		if down.Load() {
+			return status.Error(codes.Unavailable, "leaf: down")
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// A healthy first send: no new metadata below, no trailer above.
+	var trailer metadata.MD
+	if _, err := c.user.Charge(ctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer)); err != nil {
+		t.Fatal(err)
+	}
+	checkTrailer(t, trailer, "")
+	for _, md := range c.leaf.seen() {
+		if v := md.Get(mesh.RetriesBelowKey); len(v) > 0 {
+			t.Errorf("a first send reached the leaf with %s %v, want none", mesh.RetriesBelowKey, v)
+		}
+	}
+
+	// A retry from above, to a leaf that refuses it: one attempt at each
+	// layer, and the leaf sees the limit passed on.
+	down.Store(true)
+	before := c.leaf.attempts.Load()
+	gw, svc := c.gateway.calls.Load(), c.service.calls.Load()
+	rctx := metadata.AppendToOutgoingContext(ctx, "grpc-previous-rpc-attempts", "1")
+	trailer = nil
+	_, err := c.user.Charge(rctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer), interceptor.NoRetry())
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("retried call: %v, want Unavailable", err)
+	}
+	checkTrailer(t, trailer, mesh.OutcomeRetriedAbove)
+	// The user's hop sent one attempt (NoRetry): what the tiers below did
+	// is what the retry above caused.
+	if g, s, l := c.gateway.calls.Load()-gw, c.service.calls.Load()-svc, c.leaf.attempts.Load()-before; g != 1 || s != 1 || l != 1 {
+		t.Errorf("gateway %d, service %d, leaf %d attempts for a retried call, want 1 each", g, s, l)
+	}
+	seen := c.leaf.seen()
+	if v := seen[len(seen)-1].Get(mesh.RetriesBelowKey); len(v) != 1 || v[0] != "0" {
+		t.Errorf("the leaf saw %s %v, want [0] passed on from the gateway", mesh.RetriesBelowKey, v)
+	}
+}
