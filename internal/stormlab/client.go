@@ -320,7 +320,11 @@ func (r Result) Percentile(q float64) time.Duration {
 
 // Runner fires scenarios at a demo server.
 type Runner struct {
-	Addr           string               // the server, host:port on loopback
+	Addr string // the server, host:port on loopback
+	// ControlAddr, if set, is the server the resets and counts go to
+	// (ResetStats, GetStats) when the calls go to Addr: the leaf of a
+	// chain of tiers whose gateway is Addr.
+	ControlAddr    string
 	TracerProvider trace.TracerProvider // nil: the global provider
 	// DialOptions are added to the connection the calls go through, after
 	// the client's own (for instance [ClientTracing]).
@@ -339,7 +343,17 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float6
 	if st.Peer != nil {
 		return r.RunClient(ctx, sc, st.Name, st.Peer(sc), nil)
 	}
-	opts := []interceptor.Option{interceptor.WithPolicy(st.Policy), interceptor.WithTracerProvider(r.TracerProvider)}
+	ic, err := st.interceptor(r.TracerProvider)
+	if err != nil {
+		return Result{Scenario: sc.Name, Strategy: st.Name, Calls: sc.Calls}, err
+	}
+	return r.RunClient(ctx, sc, st.Name, ic.DialOptions(), ic.Breakers())
+}
+
+// interceptor returns herdguard's interceptor configured as st (already
+// scaled; st.Peer is not looked at), tracing through tp.
+func (st Strategy) interceptor(tp trace.TracerProvider) (*interceptor.Interceptor, error) {
+	opts := []interceptor.Option{interceptor.WithPolicy(st.Policy), interceptor.WithTracerProvider(tp)}
 	if st.Breaker != nil {
 		opts = append(opts, interceptor.WithBreaker(*st.Breaker), interceptor.WithOverloadControl(st.Overload))
 	} else {
@@ -354,9 +368,9 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float6
 	opts = append(opts, st.Options...)
 	ic, err := interceptor.New(opts...)
 	if err != nil {
-		return Result{Scenario: sc.Name, Strategy: st.Name, Calls: sc.Calls}, fmt.Errorf("strategy %q: %w", st.Name, err)
+		return nil, fmt.Errorf("strategy %q: %w", st.Name, err)
 	}
-	return r.RunClient(ctx, sc, st.Name, ic.DialOptions(), ic.Breakers())
+	return ic, nil
 }
 
 // RunClient is Run for any client: it fires the scenario (already scaled)
@@ -366,7 +380,7 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float6
 // recovery.
 func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial []grpc.DialOption, breakers *breaker.Group) (Result, error) {
 	res := Result{Scenario: sc.Name, Strategy: name, Calls: sc.Calls}
-	control, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	control, err := grpc.NewClient(cmp.Or(r.ControlAddr, r.Addr), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return res, err
 	}

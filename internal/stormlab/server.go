@@ -203,6 +203,7 @@ type Server struct {
 	amounts  map[string]int64
 	overload overload
 	queueEnd time.Time // the gentle model's last service slot given out
+	deadline DeadlineCounts
 }
 
 // tenth counts the arrivals of a tenth of a window.
@@ -243,6 +244,7 @@ func (s *Server) reset(f Faults) {
 	s.charges, s.order, s.amounts = map[string]string{}, nil, map[string]int64{}
 	s.overload = overload{recoveredAt: -1}
 	s.queueEnd = time.Time{}
+	s.deadline = DeadlineCounts{}
 }
 
 // Register adds the gateway and its fault-injecting, counting interceptors
@@ -303,8 +305,11 @@ func (s *Server) streamFaults(srv any, ss grpc.ServerStream, _ *grpc.StreamServe
 // must wait for its turn before it is served.
 func (s *Server) arrive(ctx context.Context) (w *demov1.Window, queued time.Duration, err error) {
 	retry := isRetry(ctx)
+	dl, hasDeadline := ctx.Deadline()
+	user, stamped := UserDeadline(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.deadline.add(dl, hasDeadline, user, stamped)
 	now := s.now()
 	if s.start.IsZero() {
 		s.start, s.overload.windowStart = now, now
@@ -581,9 +586,13 @@ func (s *Server) UploadReceipts(stream grpc.ClientStreamingServer[demov1.UploadR
 
 // GetStats returns the counts since the last reset, times since the clock
 // started (at the first counted arrival).
-func (s *Server) GetStats(context.Context, *demov1.GetStatsRequest) (*demov1.GetStatsResponse, error) {
+//
+// Its trailer DeadlinesTrailerKey says how the attempts' deadlines compared
+// with their users' (see ReadDeadlines).
+func (s *Server) GetStats(ctx context.Context, _ *demov1.GetStatsRequest) (*demov1.GetStatsResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	_ = grpc.SetTrailer(ctx, metadata.Pairs(DeadlinesTrailerKey, s.deadline.String()))
 	now := s.now()
 	if s.faults.Model == ModelSticky && s.faults.limited() {
 		s.advanceLocked(now)
