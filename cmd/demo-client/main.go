@@ -7,6 +7,14 @@
 //	demo-client -addr 127.0.0.1:7000 -compare -scenario herds,steady -runs 3 -goodput-svg goodput.svg
 //	demo-client -addr 127.0.0.1:7000 -strategy "exponential + full jitter" -trace
 //	demo-client -addr 127.0.0.1:7000 -otlp 127.0.0.1:4317 -jaeger http://127.0.0.1:16686 -trace-svg call.svg
+//	demo-client -mesh -server-bin bin/demo-server -ggm-tier-bin bin/ggm-tier -scale 2 -runs 3 -mesh-svg mesh.svg
+//
+// With -mesh it runs the mesh lab instead (issue 33): a chain of demo-server
+// processes on 127.0.0.1, user client -> gateway -> service -> leaf, started
+// afresh for every run of every mesh strategy, and reports the attempts the
+// leaf received per user call through the leaf's brownouts (-scenario
+// steady-cut, steady-outage, brownouts, partial-0.67 or all; -mesh-strategies
+// picks strategies). -addr is not needed: the lab starts the leaf too.
 //
 // With -trace or -otlp, every call is traced: herdguard's call, attempt and
 // backoff spans, otelgrpc's client span under each attempt, and the W3C
@@ -44,6 +52,9 @@ type options struct {
 	addr, strategy, scenario, svg, otlp string
 	traceSVG, jaeger, goodputSVG        string
 	partialSVG                          string
+	mesh                                bool
+	serverBin, ggmTierBin, meshSVG      string
+	meshStrategies                      string
 	calls, attempts, samples, width     int
 	runs                                int
 	base                                time.Duration
@@ -73,6 +84,11 @@ func main() {
 	flag.StringVar(&o.traceSVG, "trace-svg", "", "draw one retried call as a waterfall of its spans into this SVG file")
 	flag.StringVar(&o.jaeger, "jaeger", "", "with -otlp and -trace-svg: the Jaeger query service (http://host:port) to read the drawn call back from, with the server's spans")
 	flag.IntVar(&o.width, "width", 72, "columns of the terminal histograms")
+	flag.BoolVar(&o.mesh, "mesh", false, "run the mesh lab: a chain of demo-server processes, user -> gateway -> service -> leaf (needs -server-bin)")
+	flag.StringVar(&o.serverBin, "server-bin", "", "-mesh: the demo-server binary the leaf and the tiers run in")
+	flag.StringVar(&o.ggmTierBin, "ggm-tier-bin", "", "-mesh: the ggm-tier binary (module bench) for \""+stormlab.MeshGGM+"\"; without it that strategy is left out")
+	flag.StringVar(&o.meshSVG, "mesh-svg", "", "-mesh: write the leaf's attempts per user call over time to this SVG file")
+	flag.StringVar(&o.meshStrategies, "mesh-strategies", "", "-mesh: the mesh strategies, separated by commas (default: all): "+stormlab.MeshStrategyNames())
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -95,6 +111,9 @@ func strategyNames() string {
 }
 
 func run(ctx context.Context, o options, out, progress io.Writer) error {
+	if o.mesh {
+		return runMesh(ctx, o, out, progress)
+	}
 	if err := checkLoopback("-addr", o.addr); err != nil {
 		return err
 	}

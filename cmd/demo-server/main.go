@@ -12,6 +12,13 @@
 // and exported as service "demo-server" (OTEL_SERVICE_NAME overrides it).
 //
 // The client may replace the faults at each reset (the ResetStats call).
+//
+// With -tier it is instead a tier of the mesh lab (demo-client -mesh): it
+// forwards every charge to -next through the client that the mesh strategy
+// -mesh-strategy gives hop -hop, with the request's deadline, and answers
+// with what came back, the status code kept:
+//
+//	demo-server -tier -next 127.0.0.1:7001 -mesh-strategy "herdguard + server half" -hop 3 -scale 2 -addr-file f
 package main
 
 import (
@@ -39,7 +46,9 @@ func main() {
 		addrFile = flag.String("addr-file", "", "also write the address to this file once listening")
 		otlp     = flag.String("otlp", "", "trace every call and export the spans over OTLP gRPC to this collector on loopback (host:port)")
 		f        stormlab.Faults
+		tier     stormlab.TierOptions
 	)
+	tier.RegisterFlags(flag.CommandLine, false)
 	flag.Float64Var(&f.FailRate, "fail-rate", 0, "fail each attempt with Unavailable with this probability")
 	flag.DurationVar(&f.Outage, "outage", 0, "fail every attempt for this long after the first attempt (the fault clock starts there, at start and after each reset)")
 	flag.IntVar(&f.Capacity, "capacity", 0, "attempts accepted per capacity window before the server overloads (0: unlimited)")
@@ -56,6 +65,16 @@ func main() {
 	flag.BoolVar(&f.TriggerOutage, "trigger-outage", false, "fail every attempt during the trigger")
 	flag.Parse()
 
+	if tier.Tier {
+		tier.Addr, tier.AddrFile = *addr, *addrFile
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := stormlab.RunTier(ctx, tier, nil, os.Stdout)
+		stop()
+		if err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if err := run(*addr, *addrFile, *otlp, f); err != nil {
 		log.Fatal(err)
 	}
