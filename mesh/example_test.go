@@ -1,0 +1,84 @@
+package mesh_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/mesh"
+	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
+)
+
+// downLeaf refuses every charge.
+type downLeaf struct {
+	demov1.UnimplementedGatewayServiceServer
+}
+
+func (downLeaf) Charge(context.Context, *demov1.ChargeRequest) (*demov1.ChargeResponse, error) {
+	return nil, status.Error(codes.Unavailable, "leaf: down")
+}
+
+// forward is a middle tier: it charges through the next layer, with the
+// request's context, and answers what it answers.
+type forward struct {
+	demov1.UnimplementedGatewayServiceServer
+	next demov1.GatewayServiceClient
+}
+
+func (f forward) Charge(ctx context.Context, req *demov1.ChargeRequest) (*demov1.ChargeResponse, error) {
+	return f.next.Charge(ctx, req)
+}
+
+// A tier installs both halves: the server interceptors on its server, and
+// the client half with herdguard on the connection its handlers call
+// through. When herdguard gives up below, the tier's answer tells the layer
+// above not to retry, in gRPC's own words.
+func Example() {
+	leafLis, _ := net.Listen("tcp", "127.0.0.1:0")
+	leaf := grpc.NewServer()
+	demov1.RegisterGatewayServiceServer(leaf, downLeaf{})
+	go leaf.Serve(leafLis)
+	defer leaf.Stop()
+
+	// The tier: herdguard's defaults below, both halves of mesh.
+	ic, err := interceptor.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	cc, err := grpc.NewClient(leafLis.Addr().String(), append(mesh.DialOptions(ic), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cc.Close()
+	tierLis, _ := net.Listen("tcp", "127.0.0.1:0")
+	tier := grpc.NewServer(mesh.ServerOptions()...)
+	demov1.RegisterGatewayServiceServer(tier, forward{next: demov1.NewGatewayServiceClient(cc)})
+	go tier.Serve(tierLis)
+	defer tier.Stop()
+
+	// The layer above: any gRPC client.
+	user, err := grpc.NewClient(tierLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer user.Close()
+	var trailer metadata.MD
+	_, err = demov1.NewGatewayServiceClient(user).Charge(context.Background(), &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
+	fmt.Println(status.Code(err))
+	fmt.Println("grpc-retry-pushback-ms:", trailer.Get("grpc-retry-pushback-ms"))
+	fmt.Println("herdguard-gave-up:", trailer.Get(mesh.GaveUpTrailerKey))
+	// Output:
+	// Unavailable
+	// grpc-retry-pushback-ms: [-1]
+	// herdguard-gave-up: [exhausted]
+}
