@@ -1,0 +1,45 @@
+package mesh_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/mesh"
+)
+
+// TestGaveUp classifies every way a herdguard call ends, wrapped or not:
+// the outcomes the end-to-end tests cannot reach on one machine (a fleet's
+// shared breaker, a caller's cancellation, whose answer never arrives)
+// included.
+func TestGaveUp(t *testing.T) {
+	last := status.Error(codes.Unavailable, "down")
+	re := func(o interceptor.Outcome) error { return &interceptor.RetryError{Attempts: 3, Outcome: o, Err: last} }
+	tests := []struct {
+		err  error
+		want interceptor.Outcome // "": not a give-up
+	}{
+		{re(interceptor.OutcomeExhausted), interceptor.OutcomeExhausted},
+		{re(interceptor.OutcomeShed), interceptor.OutcomeShed},
+		{re(interceptor.OutcomePushbackStop), interceptor.OutcomePushbackStop},
+		{re(interceptor.OutcomeBudgetExhausted), interceptor.OutcomeBudgetExhausted},
+		{re(interceptor.OutcomeDeadline), ""},
+		{&breaker.OpenError{}, interceptor.OutcomeBreakerOpen},
+		{&breaker.OpenError{Shared: true}, interceptor.OutcomeBreakerOpenShared},
+		{fmt.Errorf("charge: %w", re(interceptor.OutcomeExhausted)), interceptor.OutcomeExhausted},
+		{last, ""},
+		{status.FromContextError(context.Canceled).Err(), ""},
+		{nil, ""},
+	}
+	for _, tt := range tests {
+		got, ok := mesh.GaveUp(tt.err)
+		if got != tt.want || ok != (tt.want != "") {
+			t.Errorf("GaveUp(%v) = %q, %v; want %q, %v", tt.err, got, ok, tt.want, tt.want != "")
+		}
+	}
+}
