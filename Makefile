@@ -73,8 +73,14 @@ DEMO_STEADY_ARGS ?= -scenario steady-cut -scale 2 -strategy 'no retries,herdguar
 # server, at scale 2 (about a minute).
 DEMO_PARTIAL_ARGS ?= -compare -scenario partial-short -scale 2 -partial-svg $(BIN)/partial.svg
 
+# The demo's mesh, in short: the chain user -> gateway -> service -> leaf
+# through the leaf's outage, at scale 2, one run (about 30 s): retries at
+# every layer multiply, the server half does not.
+DEMO_MESH_ARGS ?= -scenario steady-outage -scale 2 -mesh-svg $(BIN)/mesh.svg \
+  -mesh-strategies 'go-grpc-middleware at every layer,herdguard at every layer,herdguard + server half,herdguard at the last hop only'
+
 .PHONY: demo
-demo: build ## Start the demo server on 127.0.0.1, run the client against it, stop the server
+demo: build ggm-tier ## Start the demo server on 127.0.0.1, run the client against it, stop the server; then a short mesh lab (bin/mesh.svg)
 	@addr_file=$$(mktemp); rm -f "$$addr_file"; \
 	$(BIN)/demo-server -addr 127.0.0.1:0 -addr-file "$$addr_file" & server=$$!; \
 	trap 'kill $$server 2>/dev/null || true; wait $$server 2>/dev/null || true; rm -f "$$addr_file"' EXIT; \
@@ -84,7 +90,22 @@ demo: build ## Start the demo server on 127.0.0.1, run the client against it, st
 	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(DEMO_STEADY_ARGS); \
 	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(DEMO_PARTIAL_ARGS); \
 	echo; echo "One retried call of herdguard's defaults, as its spans tell it:"; \
-	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(TRACE_ARGS) 2>/dev/null | sed -n '/^span tree/,/^$$/p'
+	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(TRACE_ARGS) 2>/dev/null | sed -n '/^span tree/,/^$$/p'; \
+	echo; echo "Retries at one layer in a mesh (issue 33): three hops, every tier a process of its own:"; \
+	$(BIN)/demo-client -mesh -server-bin $(BIN)/demo-server -ggm-tier-bin $(BIN)/ggm-tier $(DEMO_MESH_ARGS)
+
+# go-grpc-middleware's tier for the mesh lab, from module bench (herdguard's
+# own module does not depend on go-grpc-middleware).
+.PHONY: ggm-tier
+ggm-tier: ## Build bench/cmd/ggm-tier, the mesh lab's go-grpc-middleware tier, into ./bin
+	cd bench && $(GO) build -o ../bin/ggm-tier ./cmd/ggm-tier
+
+# make mesh MESH_ARGS='-runs 1 -scale 2' for a quick look.
+MESH_ARGS ?= -runs 3 -scale 1
+
+.PHONY: mesh
+mesh: build ggm-tier ## The mesh lab at full scale, medians of 3: depth 3 through the leaf's brownouts and a 67 % failing leaf, six strategies (about 12 minutes); writes bin/mesh.svg
+	$(BIN)/demo-client -mesh -server-bin $(BIN)/demo-server -ggm-tier-bin $(BIN)/ggm-tier -mesh-svg $(BIN)/mesh.svg $(MESH_ARGS)
 
 # make storm STORM_ARGS='-runs 1 -scale 4' STORM_PEER_ENV='HERDGUARD_STORM_RUNS=1 HERDGUARD_STORM_SCALE=4' for a quick look.
 STORM_ARGS ?= -runs 3
