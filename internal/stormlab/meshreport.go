@@ -124,11 +124,11 @@ forwards the charge with the request's context (its deadline goes down) and answ
 The leaf is the demo server with the scenario's faults; the user's load is the scenario's, fired at the gateway.
 leaf attempts / user call: the attempts the leaf received per call the user started; x last hop only: as a
 multiple of "herdguard at the last hop only" (retries at one layer, the one above the failure). calls ok, ok %,
-p50, p99 (of the ok calls), recovery: counted by the user's client, as in the steady tables. leaf deadlines within
-user's: the share of leaf attempts whose own deadline was no later than their user's (the user's deadline rides
-along in metadata; up to 100 ms of transit allowed), and how late the latest was. Every retrying client makes at most 3 attempts on
-Unavailable, waits from 100 ms. "go-grpc-middleware at every layer" runs its tiers in bench/cmd/ggm-tier, and
-the user's hop in one more such tier in front of the gateway.`
+p50, p99 (of the ok calls), recovery: counted by the user's client, as in the steady tables. leaf deadlines
+within user's: the share of leaf attempts whose own deadline was no later than their user's (which rides along
+in metadata), up to 100 ms of transit, and how late the latest was. Every retrying client makes at most 3
+attempts on Unavailable, waits from 100 ms. "go-grpc-middleware at every layer" runs its tiers in
+bench/cmd/ggm-tier, and the user's hop in one more such tier in front of the gateway.`
 
 // MeshSection is one scenario's rows, to chart.
 type MeshSection struct {
