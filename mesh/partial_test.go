@@ -1,0 +1,73 @@
+package mesh_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/mesh"
+	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
+)
+
+// TestPartialDeployment: a depth-4 chain, user → A → B → C → leaf, every
+// hop herdguard with up to 3 attempts, to a leaf that refuses everything,
+// with the package at some tiers only. The leaf's attempts per user call
+// are never more than without the package anywhere (3^4 = 81): each tier
+// that has it keeps the layers on its sides from multiplying, and a tier
+// without it multiplies only the layers next to it.
+func TestPartialDeployment(t *testing.T) {
+	tests := []struct {
+		name    string
+		mesh    [3]bool // A, B, C: both halves, or herdguard alone
+		leafPer int64
+	}{
+		{"nowhere", [3]bool{}, 81},
+		{"everywhere", [3]bool{true, true, true}, 3},
+		// C retries 3 and says don't retry; B stops, but answers A
+		// without the trailer, so A and the user retry: 3 × 3 × 1 × 3.
+		{"only at the leaf's caller", [3]bool{false, false, true}, 27},
+		// C, without the package, retries each of B's 3 attempts 3 times
+		// (it reads no retry mark); B gives up and says don't retry, so
+		// A and the user stop at once: 1 × 1 × 3 × 3.
+		{"all but the leaf's caller", [3]bool{true, true, false}, 9},
+		// A tier without the package in the middle: C retries B's first
+		// send 3 times and stops B, which answers A without the trailer;
+		// A retries B 3 times, and A's give-up stops the user: 3 × 1 × 3.
+		{"all but the middle", [3]bool{true, false, true}, 9},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := &leaf{answer: unavailable}
+			next := serve(t, l)
+			var tiers [3]*tier
+			for i := 2; i >= 0; i-- {
+				ic := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+				var sopts []grpc.ServerOption
+				dopts := ic.DialOptions()
+				if tt.mesh[i] {
+					sopts, dopts = mesh.ServerOptions(), mesh.DialOptions(ic)
+				}
+				tiers[i] = &tier{next: dial(t, next, dopts...)}
+				next = serve(t, tiers[i], sopts...)
+			}
+			user := dial(t, next, herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl()).DialOptions()...)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			const calls = 2
+			for range calls {
+				if _, err := user.Charge(ctx, &demov1.ChargeRequest{}); status.Code(err) != codes.Unavailable {
+					t.Fatalf("user call: %v, want Unavailable", err)
+				}
+			}
+			if got := l.attempts.Load(); got != calls*tt.leafPer {
+				t.Errorf("the leaf received %d attempts for %d user calls (A %d, B %d, C %d calls), want %d each",
+					got, calls, tiers[0].calls.Load(), tiers[1].calls.Load(), tiers[2].calls.Load(), tt.leafPer)
+			}
+		})
+	}
+}
