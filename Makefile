@@ -60,6 +60,10 @@ jaeger: $(BIN)/jaeger build ## Build Jaeger v2 and run it on 127.0.0.1 (free por
 trace-demo: $(BIN)/jaeger build ## Jaeger, a traced demo server and client on 127.0.0.1: trace ids of retried calls with Jaeger links, bin/trace.svg
 	$(BIN)/trace-demo -bin $(BIN) -config tools/jaeger/config.yaml -trace-svg $(BIN)/trace.svg $(if $(JAEGER_UI),-ui "$(JAEGER_UI)") $(TRACE_DEMO_ARGS)
 
+.PHONY: trace-mesh
+trace-mesh: $(BIN)/jaeger build ## Jaeger and the mesh lab's chain (user -> gateway -> service -> leaf), every tier traced: user calls retried below the user, bin/mesh-trace.svg
+	$(BIN)/trace-demo -mesh -bin $(BIN) -config tools/jaeger/config.yaml -trace-svg $(BIN)/mesh-trace.svg $(if $(JAEGER_UI),-ui "$(JAEGER_UI)") $(TRACE_DEMO_ARGS)
+
 .PHONY: e2e
 e2e: $(BIN)/jaeger build ## End-to-end: the trace demo against a real Jaeger, every trace read back through its HTTP API
 	HERDGUARD_E2E=1 HERDGUARD_BIN=$(BIN) $(GO) test -count=1 -v -run E2E ./cmd/trace-demo/

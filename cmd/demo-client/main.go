@@ -15,6 +15,11 @@
 // leaf received per user call through the leaf's brownouts (-scenario
 // steady-cut, steady-outage, brownouts, partial-0.67 or all; -mesh-strategies
 // picks strategies). -addr is not needed: the lab starts the leaf too.
+// With -otlp, every process of the chain exports its spans there too (as
+// services gateway, service and leaf), the trace context carried down every
+// hop; with -jaeger, -trace and -trace-svg then read user calls back from
+// Jaeger and print and draw one whose retries happened below the user
+// (-scenario trace: a short run at a 67 % failing leaf, made for this).
 //
 // With -trace or -otlp, every call is traced: herdguard's call, attempt and
 // backoff spans, otelgrpc's client span under each attempt, and the W3C

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/herdguard/herdguard/internal/stormlab"
 )
 
@@ -41,7 +43,20 @@ func runMesh(ctx context.Context, o options, out, progress io.Writer) error {
 		return err
 	}
 
+	if (o.trace || o.traceSVG != "") && (o.otlp == "" || o.jaeger == "") {
+		return fmt.Errorf("-mesh with -trace or -trace-svg reads the chain's spans back from Jaeger: it needs -otlp and -jaeger")
+	}
+	tr, err := newTracing(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer tr.shutdown()
+
 	lab := &stormlab.MeshLab{ServerBin: o.serverBin, Stderr: progress}
+	if tr.tp != nil {
+		lab.Tracing = func(string) trace.TracerProvider { return tr.tp }
+		lab.OTLP = o.otlp
+	}
 	if o.ggmTierBin != "" {
 		lab.TierBins = map[string]string{stormlab.GGMPeer: o.ggmTierBin}
 	}
@@ -49,6 +64,9 @@ func runMesh(ctx context.Context, o options, out, progress io.Writer) error {
 	began := time.Now()
 	tty := isTerminal(progress)
 	lab.OnProgress = func(scenario, strategy string, done bool) {
+		if !done {
+			tr.labeler.Set(scenario, strategy)
+		}
 		switch {
 		case done:
 			n++
@@ -121,6 +139,15 @@ func runMesh(ctx context.Context, o options, out, progress io.Writer) error {
 			}
 		}
 		sections = append(sections, stormlab.MeshSection{Title: sc.Name + ": the leaf's attempts per user call", Rows: rows})
+	}
+	if tr.rec != nil {
+		if err := tr.meshSample(ctx, out, o); err != nil {
+			return err
+		}
+	} else if tr.tp != nil {
+		if err := tr.finish(ctx, out, o); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintln(out)
 	fmt.Fprintln(out, stormlab.MeshLegend)

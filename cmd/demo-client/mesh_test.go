@@ -22,6 +22,9 @@ func TestMeshRejectsBadFlags(t *testing.T) {
 		{"unknown strategy", func(o *options) { o.meshStrategies = "pray" }, `"pray"`},
 		{"go-grpc-middleware without its binary", func(o *options) { o.meshStrategies = stormlab.MeshGGM }, "-ggm-tier-bin"},
 		{"a binary that is not there", func(o *options) { o.meshStrategies = stormlab.MeshNoRetries }, "start the chain"},
+		{"-trace without Jaeger", func(o *options) { o.trace = true }, "-otlp and -jaeger"},
+		{"-trace-svg without Jaeger", func(o *options) { o.traceSVG, o.otlp = "t.svg", "127.0.0.1:4317" }, "-otlp and -jaeger"},
+		{"-otlp off loopback", func(o *options) { o.otlp = "192.0.2.1:4317" }, "loopback"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,13 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log"
 	"net/url"
-	"os"
+	"slices"
 	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -99,15 +100,21 @@ func (t *tracing) sample(out io.Writer, strategy string, o options) {
 	}
 }
 
+// flush sends every span to the collector (-otlp) and stops the provider.
+func (t *tracing) flush(ctx context.Context) error {
+	if t.exp == nil {
+		return nil
+	}
+	t.done = true
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return t.exp.Shutdown(sctx)
+}
+
 // finish flushes the spans to the collector, then draws -trace-svg.
 func (t *tracing) finish(ctx context.Context, out io.Writer, o options) error {
-	if t.exp != nil {
-		t.done = true
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if err := t.exp.Shutdown(sctx); err != nil {
-			return err
-		}
+	if err := t.flush(ctx); err != nil {
+		return err
 	}
 	if o.traceSVG == "" {
 		return nil
@@ -123,19 +130,99 @@ func (t *tracing) finish(ctx context.Context, out io.Writer, o options) error {
 		}
 		from = "as read back from Jaeger"
 	}
-	f, err := os.Create(o.traceSVG)
-	if err != nil {
-		return err
-	}
-	if err := stormlab.WriteWaterfall(f, spans); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
+	if err := writeFile(o.traceSVG, func(w io.Writer) error { return stormlab.WriteWaterfall(w, spans) }); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "wrote %s: trace %s, %d spans %s\n", o.traceSVG, spans[0].TraceID, len(spans), from)
 	return nil
+}
+
+// meshCandidates is how many user calls, the longest first, meshSample
+// reads back from Jaeger looking for retries below the user.
+const meshCandidates = 60
+
+// meshSample flushes the spans, then reads the user calls of the mesh
+// lab's runs back from Jaeger, the longest first, and prints (-trace) up
+// to o.samples of those whose retries happened below the user, each
+// layer's calls and attempts and its Jaeger link, and draws the first
+// (-trace-svg).
+func (t *tracing) meshSample(ctx context.Context, out io.Writer, o options) error {
+	var roots []sdktrace.ReadOnlySpan
+	for _, s := range t.rec.Ended() {
+		if !s.Parent().IsValid() {
+			roots = append(roots, s)
+		}
+	}
+	slices.SortStableFunc(roots, func(a, b sdktrace.ReadOnlySpan) int {
+		return cmp.Compare(b.EndTime().Sub(b.StartTime()), a.EndTime().Sub(a.StartTime()))
+	})
+	if err := t.flush(ctx); err != nil {
+		return err
+	}
+	var found [][]stormlab.TraceSpan
+	for _, r := range roots[:min(meshCandidates, len(roots))] {
+		if len(found) == max(o.samples, 1) {
+			break
+		}
+		spans, err := settled(ctx, o.jaeger, r.SpanContext().TraceID().String())
+		if err != nil {
+			return fmt.Errorf("-jaeger: %w", err)
+		}
+		layers, err := stormlab.MeshLayers(spans)
+		if err != nil || !stormlab.RetriedBelow(layers) {
+			continue
+		}
+		found = append(found, spans)
+		if o.trace {
+			id := spans[0].TraceID
+			strategy := "?"
+			for _, s := range spans {
+				if s.ParentID == "" {
+					strategy = s.Attrs[string(stormlab.AttrStrategy)]
+				}
+			}
+			fmt.Fprintf(out, "mesh trace, %s (trace %s):\n", strategy, id)
+			stormlab.WriteMeshLayers(out, layers)
+			fmt.Fprintf(out, "  in Jaeger: %s\n\n", jaegerlab.TraceURL(o.jaeger, id))
+		}
+	}
+	if len(found) == 0 {
+		return fmt.Errorf("-mesh: none of the %d longest user calls was retried below the user, in Jaeger", min(meshCandidates, len(roots)))
+	}
+	if o.traceSVG == "" {
+		return nil
+	}
+	if err := writeFile(o.traceSVG, func(w io.Writer) error { return stormlab.WriteWaterfall(w, found[0]) }); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "wrote %s: trace %s, %d spans as read back from Jaeger\n", o.traceSVG, found[0][0].TraceID, len(found[0]))
+	return nil
+}
+
+// settled reads trace id back from Jaeger once two reads 300 ms apart
+// find the same spans (at most 10 s): the chain's processes flushed their
+// spans when they stopped, and Jaeger stores them a little later.
+func settled(ctx context.Context, queryURL, id string) ([]stormlab.TraceSpan, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	last := -1
+	for {
+		spans, err := jaegerlab.FetchTrace(ctx, queryURL, id)
+		if err == nil && len(spans) == last {
+			return spans, nil
+		}
+		if err == nil {
+			last = len(spans)
+		}
+		select {
+		case <-ctx.Done():
+			if err != nil {
+				return nil, err
+			}
+			return spans, nil
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
 }
 
 // readBack reads the trace of the recorded spans from Jaeger, waiting (at

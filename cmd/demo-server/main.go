@@ -66,7 +66,7 @@ func main() {
 	flag.Parse()
 
 	if tier.Tier {
-		tier.Addr, tier.AddrFile = *addr, *addrFile
+		tier.Addr, tier.AddrFile, tier.OTLP = *addr, *addrFile, *otlp
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		err := stormlab.RunTier(ctx, tier, nil, os.Stdout)
 		stop()

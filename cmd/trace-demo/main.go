@@ -7,11 +7,19 @@
 //	trace-demo                  # the demo, then stop everything
 //	trace-demo -keep            # the demo, then keep Jaeger up until Ctrl-C
 //	trace-demo -jaeger-only     # only Jaeger, until Ctrl-C (make jaeger)
+//	trace-demo -mesh            # the mesh lab's chain, every tier traced (make trace-mesh)
 //
 // Both demo processes export to Jaeger's OTLP receiver; the client sends
 // W3C trace context with every attempt, so one trace holds the call span,
 // its attempts and backoff waits, otelgrpc's client span under each attempt
 // and the server's span under that.
+//
+// With -mesh it runs the mesh lab's chain instead (demo-client -mesh,
+// -scenario trace): user client -> gateway -> service -> leaf, every tier a
+// demo-server process exporting to Jaeger as its service, the trace
+// context carried down every hop; it prints user calls whose retries
+// happened below the user, each layer's calls and attempts, and draws the
+// first as a waterfall whose rows name their layer.
 package main
 
 import (
@@ -42,6 +50,8 @@ type options struct {
 	calls, samples       int
 	scale                float64
 	keep, jaegerOnly     bool
+	mesh                 bool
+	meshStrategy         string
 	stdout, stderr       io.Writer
 	jaegerLog            io.Writer
 }
@@ -61,6 +71,8 @@ func main() {
 	flag.Float64Var(&o.scale, "scale", 4, "divide every duration of the scenario by this")
 	flag.BoolVar(&o.keep, "keep", false, "after the demo, keep Jaeger running until Ctrl-C")
 	flag.BoolVar(&o.jaegerOnly, "jaeger-only", false, "run only Jaeger, until Ctrl-C")
+	flag.BoolVar(&o.mesh, "mesh", false, "trace the mesh lab's chain, user -> gateway -> service -> leaf, every tier its own process")
+	flag.StringVar(&o.meshStrategy, "mesh-strategy", "herdguard + server half", "-mesh: the mesh strategy of every hop")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -93,11 +105,15 @@ func run(ctx context.Context, o options) error {
 		<-ctx.Done()
 		return nil
 	}
-	ids, err := demo(ctx, j, o)
+	play, what := demo, "retried calls"
+	if o.mesh {
+		play, what = meshDemo, "user calls retried below the user"
+	}
+	ids, err := play(ctx, j, o)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(o.stdout, "\nretried calls, in Jaeger:")
+	fmt.Fprintf(o.stdout, "\n%s, in Jaeger:\n", what)
 	for _, id := range ids {
 		fmt.Fprintf(o.stdout, "  %s  %s\n", id, jaegerlab.TraceURL(j.QueryURL, id))
 	}
@@ -151,14 +167,44 @@ func demo(ctx context.Context, j *jaegerlab.Jaeger, o options) ([]string, error)
 	if err := server.Stop(); err != nil {
 		return nil, fmt.Errorf("demo-server (pid %d): %w", server.PID(), err)
 	}
+	return traceIDs(out.String(), traceLine, "demo-client printed no retried call")
+}
+
+// meshTraceLine matches the header demo-client -mesh -trace prints for
+// each user call it found retried below the user.
+var meshTraceLine = regexp.MustCompile(`^mesh trace, .* \(trace ([0-9a-f]{32})\):$`)
+
+// meshDemo runs the mesh lab's chain, traced, against Jaeger j (the
+// demo-client starts and stops the leaf and the tiers), and returns the
+// trace ids of the user calls it printed.
+func meshDemo(ctx context.Context, j *jaegerlab.Jaeger, o options) ([]string, error) {
+	var out bytes.Buffer
+	client, err := start(filepath.Join(o.bin, "demo-client"), io.MultiWriter(o.stdout, &out), o.stderr,
+		"-mesh", "-server-bin", filepath.Join(o.bin, "demo-server"), "-otlp", j.OTLP, "-jaeger", j.QueryURL,
+		"-scenario", "trace", "-mesh-strategies", o.meshStrategy, "-runs", "1",
+		"-trace", "-trace-samples", strconv.Itoa(o.samples), "-trace-svg", o.svg)
+	if err != nil {
+		return nil, err
+	}
+	defer client.Stop()
+	fmt.Fprintf(o.stdout, "demo-client -mesh (pid %d): the chain user -> gateway -> service -> leaf, strategy %q\n", client.PID(), o.meshStrategy)
+	if err := client.Wait(ctx); err != nil {
+		return nil, fmt.Errorf("demo-client (pid %d): %w", client.PID(), err)
+	}
+	return traceIDs(out.String(), meshTraceLine, "demo-client -mesh printed no user call retried below the user")
+}
+
+// traceIDs returns the trace ids of the lines of out that match header,
+// each once, in order; none is the error none.
+func traceIDs(out string, header *regexp.Regexp, none string) ([]string, error) {
 	var ids []string
-	for _, line := range strings.Split(out.String(), "\n") {
-		if m := traceLine.FindStringSubmatch(line); m != nil && !slices.Contains(ids, m[1]) {
+	for _, line := range strings.Split(out, "\n") {
+		if m := header.FindStringSubmatch(line); m != nil && !slices.Contains(ids, m[1]) {
 			ids = append(ids, m[1])
 		}
 	}
 	if len(ids) == 0 {
-		return nil, errors.New("demo-client printed no retried call")
+		return nil, errors.New(none)
 	}
 	return ids, nil
 }

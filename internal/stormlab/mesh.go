@@ -164,6 +164,7 @@ var meshNamed = []struct {
 	{"partial-0.67", func() []Scenario { return []Scenario{Partial(0.67)} }},
 	{"brownouts", func() []Scenario { return []Scenario{SteadyCut(), SteadyOutage()} }},
 	{"all", MeshScenarios},
+	{"trace", func() []Scenario { return []Scenario{MeshTrace()} }},
 }
 
 // MeshScenarioNames lists the names MeshScenariosNamed knows, quoted.
@@ -212,6 +213,26 @@ type MeshLab struct {
 	Stderr io.Writer
 	// OnProgress, if set, is called when a run starts and ends.
 	OnProgress func(scenario, strategy string, done bool)
+	// Tracing, if set, traces the chain: the user's client (the tracer
+	// provider of service "user"), and the leaf and tiers run in this
+	// process (LeafService, TierService(h)), with herdguard's spans and
+	// otelgrpc's client and server handlers, the trace context carried
+	// down every hop (W3C Trace Context).
+	Tracing func(service string) trace.TracerProvider
+	// OTLP, if set, is the OTLP gRPC collector (host:port on loopback) the
+	// leaf and tier processes export their spans to, each as its service.
+	OTLP string
+}
+
+// UserService is the service name MeshLab.Tracing is asked for the
+// user's client by.
+const UserService = "user"
+
+func (l *MeshLab) tracer(service string) trace.TracerProvider {
+	if l.Tracing == nil {
+		return nil
+	}
+	return l.Tracing(service)
 }
 
 // Run starts a fresh chain for ms, fires the scenario's load (sc at full
@@ -229,12 +250,16 @@ func (l *MeshLab) Run(ctx context.Context, sc Scenario, ms MeshStrategy, scale f
 		// calls it once per call.
 		user = MeshStrategy{Name: ms.Name, Hop: func(int) Strategy { return NoRetriesStrategy() }}
 	}
-	dial, breakers, err := user.hopClient(1, scale, l.Peers, nil)
+	tp := l.tracer(UserService)
+	dial, breakers, err := user.hopClient(1, scale, l.Peers, tp)
 	if err != nil {
 		return res, err
 	}
-	r := &Runner{Addr: ch.gateway, ControlAddr: ch.leaf, OnProgress: l.OnProgress,
+	r := &Runner{Addr: ch.gateway, ControlAddr: ch.leaf, OnProgress: l.OnProgress, TracerProvider: tp,
 		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(StampUserDeadline())}}
+	if tp != nil {
+		r.DialOptions = append(r.DialOptions, ClientTracing(tp))
+	}
 	res.Result, err = r.RunClient(ctx, sc.Scale(scale), ms.Name, dial, breakers)
 	if err != nil {
 		return res, err
@@ -302,13 +327,47 @@ func (l *MeshLab) start(ctx context.Context, ms MeshStrategy, scale float64) (ch
 
 func (l *MeshLab) startLeaf(ctx context.Context) (string, func() error, error) {
 	if l.ServerBin == "" {
-		_, addr, stop, err := ServeLoopback(Faults{})
+		var opts []grpc.ServerOption
+		if tp := l.tracer(LeafService); tp != nil {
+			opts = append(opts, ServerTracing(tp))
+		}
+		return serveHere(ctx, nil, opts)
+	}
+	var args, env []string
+	if l.OTLP != "" {
+		args, env = []string{"-otlp", l.OTLP}, []string{"OTEL_SERVICE_NAME=" + LeafService}
+	}
+	return startProcess(ctx, l.ServerBin, args, env, l.Stderr)
+}
+
+// serveHere serves a fresh leaf (t nil) or tier t in this process on
+// 127.0.0.1 with opts.
+func serveHere(ctx context.Context, t *Tier, opts []grpc.ServerOption) (string, func() error, error) {
+	var g *grpc.Server
+	if t == nil {
+		s, err := NewServer(Faults{})
 		if err != nil {
 			return "", nil, err
 		}
-		return addr, func() error { stop(); return nil }, nil
+		g = s.Register(opts...)
+	} else {
+		g = t.Register(opts...)
 	}
-	return startProcess(ctx, l.ServerBin, nil, l.Stderr)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = g.Serve(lis)
+	}()
+	stop := func() error { g.Stop(); <-done; return nil }
+	if t != nil {
+		t.Connect(ctx)
+		stop = func() error { g.Stop(); <-done; return t.Close() }
+	}
+	return lis.Addr().String(), stop, nil
 }
 
 func (l *MeshLab) startTier(ctx context.Context, ms MeshStrategy, o TierOptions) (string, func() error, error) {
@@ -324,39 +383,41 @@ func (l *MeshLab) startTier(ctx context.Context, ms MeshStrategy, o TierOptions)
 	}
 	args := []string{"-tier", "-next", o.Next, "-mesh-strategy", o.Strategy, "-hop", strconv.Itoa(o.Hop),
 		"-scale", strconv.FormatFloat(o.Scale, 'g', -1, 64)}
-	return startProcess(ctx, bin, args, l.Stderr)
+	if l.OTLP != "" {
+		args = append(args, "-otlp", l.OTLP)
+	}
+	return startProcess(ctx, bin, args, nil, l.Stderr)
 }
 
 // serveTierHere serves a tier in this process, as RunTier would.
 func (l *MeshLab) serveTierHere(ctx context.Context, ms MeshStrategy, o TierOptions) (string, func() error, error) {
-	dial, _, err := ms.hopClient(o.Hop, o.Scale, l.Peers, nil)
+	tp := l.tracer(TierService(o.Hop))
+	dial, _, err := ms.hopClient(o.Hop, o.Scale, l.Peers, tp)
 	if err != nil {
 		return "", nil, err
+	}
+	var opts []grpc.ServerOption
+	if tp != nil {
+		dial = append(dial, ClientTracing(tp))
+		opts = append(opts, ServerTracing(tp))
 	}
 	t, err := NewTier(o.Next, dial)
 	if err != nil {
 		return "", nil, err
 	}
-	lis, err := net.Listen("tcp", o.Addr)
+	addr, stop, err := serveHere(ctx, t, append(opts, ms.serverOptions()...))
 	if err != nil {
 		t.Close()
-		return "", nil, err
 	}
-	g := t.Register(ms.serverOptions()...)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = g.Serve(lis)
-	}()
-	t.Connect(ctx)
-	return lis.Addr().String(), func() error { g.Stop(); <-done; return t.Close() }, nil
+	return addr, stop, err
 }
 
-// startProcess starts bin with args and -addr 127.0.0.1:0 -addr-file, waits
+// startProcess starts bin with args and -addr 127.0.0.1:0 -addr-file, and
+// env added to this process's environment, waits
 // until it has written its address (at most 10 s), and returns it and how
 // to stop the process: SIGTERM to its process id, then, if it has not
 // exited within 5 s, SIGKILL.
-func startProcess(ctx context.Context, bin string, args []string, stderr io.Writer) (string, func() error, error) {
+func startProcess(ctx context.Context, bin string, args, env []string, stderr io.Writer) (string, func() error, error) {
 	dir, err := os.MkdirTemp("", "stormlab-mesh-")
 	if err != nil {
 		return "", nil, err
@@ -368,6 +429,9 @@ func startProcess(ctx context.Context, bin string, args []string, stderr io.Writ
 	}
 	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-addr-file", addrFile}, args...)...)
 	cmd.Stdout, cmd.Stderr = io.Discard, stderr
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	if err := cmd.Start(); err != nil {
 		return "", nil, err
 	}

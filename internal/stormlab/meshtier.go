@@ -8,7 +8,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -71,6 +74,29 @@ type TierOptions struct {
 	Scale    float64 // -scale: every duration of the strategy is divided by it
 	Addr     string  // -addr: the listen address on loopback
 	AddrFile string  // -addr-file: also write the address there once listening
+	OTLP     string  // -otlp: trace the tier and export its spans over OTLP gRPC to this collector on loopback
+}
+
+// The services the mesh lab's processes export their spans as, when traced
+// (MeshLab.OTLP, TierOptions.OTLP): the tier whose client is hop h is
+// TierService(h); the leaf is LeafService.
+const (
+	LeafService = "leaf"
+)
+
+// TierService is the service name of the tier whose client is hop h:
+// "gateway" (h 2) and "service" (h 3, the leaf's caller); "edge" (h 1) is
+// the tier an External strategy runs the user's hop in.
+func TierService(h int) string {
+	switch h {
+	case 1:
+		return "edge"
+	case 2:
+		return "gateway"
+	case MeshDepth:
+		return "service"
+	}
+	return fmt.Sprintf("tier-%d", h)
 }
 
 // RegisterFlags adds the tier's flags to fs; addr says whether to add
@@ -84,6 +110,7 @@ func (o *TierOptions) RegisterFlags(fs *flag.FlagSet, addr bool) {
 	if addr {
 		fs.StringVar(&o.Addr, "addr", "127.0.0.1:0", "listen address on loopback; port 0 picks one and prints it")
 		fs.StringVar(&o.AddrFile, "addr-file", "", "also write the address to this file once listening")
+		fs.StringVar(&o.OTLP, "otlp", "", "trace the tier (as service "+strconv.Quote(TierService(2))+" or "+strconv.Quote(TierService(MeshDepth))+", by -hop) and export the spans over OTLP gRPC to this collector on loopback (host:port)")
 	}
 }
 
@@ -96,8 +123,12 @@ type TierPeers map[string]func(sc Scenario) []grpc.DialOption
 // the server (gracefully, for at most 2 s). It prints the address it
 // listens on to out and, with o.AddrFile, writes it there once the tier's
 // connection to the next one is ready. peers are the external clients the
-// binary has.
-func RunTier(ctx context.Context, o TierOptions, peers TierPeers, out io.Writer) error {
+// binary has. With o.OTLP, the tier traces what it serves (otelgrpc's
+// server handler, continuing the caller's trace) and what it sends on
+// (herdguard's call, attempt and backoff spans, otelgrpc's client span
+// under each attempt), as service TierService(o.Hop), and flushes the
+// spans before it returns.
+func RunTier(ctx context.Context, o TierOptions, peers TierPeers, out io.Writer) (err error) {
 	if err := CheckLoopback(o.Addr); err != nil {
 		return fmt.Errorf("-addr: %w", err)
 	}
@@ -111,9 +142,27 @@ func RunTier(ctx context.Context, o TierOptions, peers TierPeers, out io.Writer)
 	if o.Scale <= 0 {
 		return fmt.Errorf("-scale %v: must be positive", o.Scale)
 	}
-	dial, _, err := ms.hopClient(o.Hop, o.Scale, peers, nil)
+	var tp trace.TracerProvider
+	var serverOpts []grpc.ServerOption
+	if o.OTLP != "" {
+		exp, sdk, err := NewExporter(ctx, TierService(o.Hop), o.OTLP)
+		if err != nil {
+			return fmt.Errorf("-otlp: %w", err)
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err = errors.Join(err, exp.Shutdown(sctx))
+		}()
+		tp = sdk
+		serverOpts = append(serverOpts, ServerTracing(tp))
+	}
+	dial, _, err := ms.hopClient(o.Hop, o.Scale, peers, tp)
 	if err != nil {
 		return err
+	}
+	if tp != nil {
+		dial = append(dial, ClientTracing(tp))
 	}
 	t, err := NewTier(o.Next, dial)
 	if err != nil {
@@ -124,7 +173,7 @@ func RunTier(ctx context.Context, o TierOptions, peers TierPeers, out io.Writer)
 	if err != nil {
 		return err
 	}
-	g := t.Register(ms.serverOptions()...)
+	g := t.Register(append(serverOpts, ms.serverOptions()...)...)
 	served := make(chan error, 1)
 	go func() { served <- g.Serve(lis) }()
 	t.Connect(ctx)

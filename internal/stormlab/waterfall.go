@@ -161,7 +161,18 @@ func WriteWaterfall(w io.Writer, spans []TraceSpan) error {
 	}
 	total := max(end.Sub(t0), time.Microsecond)
 	x := func(t time.Time) float64 { return left + float64(t.Sub(t0))/float64(total)*plotW }
+	// In a trace through a mesh, each herdguard row names its layer.
+	var callers []string
+	for _, r := range rows {
+		if r.Kind != "server" && r.Service != "" && !slices.Contains(callers, r.Service) {
+			callers = append(callers, r.Service)
+		}
+	}
+	multi := len(callers) > 1
 	height := top + rowH*len(rows) + 50
+	if multi {
+		height += 16
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", left+plotW+right, height)
 	b.WriteString(`<rect width="100%" height="100%" fill="white"/>` + "\n")
@@ -184,14 +195,23 @@ func WriteWaterfall(w io.Writer, spans []TraceSpan) error {
 	for i, r := range rows {
 		y := top + i*rowH
 		label, fill := waterfallRow(r)
+		if multi && r.Kind != "server" && r.Service != "" {
+			label = "[" + r.Service + "] " + label
+		}
 		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", 10+14*depth[i], y+barH-2, html.EscapeString(label))
 		x0, x1 := x(r.Start), x(r.End())
 		fmt.Fprintf(&b, `<rect x="%.2f" y="%d" width="%.2f" height="%d" fill="%s"><title>%s</title></rect>`+"\n",
 			x0, y, math.Max(x1-x0, 2), barH, fill, html.EscapeString(r.Name+" "+r.Duration.String()))
 		fmt.Fprintf(&b, `<text x="%.2f" y="%d" fill="#555">%v</text>`+"\n", x1+4, y+barH-2, round(r.Duration))
 	}
+	legendY := height - 8
+	if multi {
+		fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#555">[layer]: the service whose client made the call, the attempt or the wait (%s)</text>`+"\n",
+			10, legendY, html.EscapeString(strings.Join(callers, " → ")))
+		legendY -= 16
+	}
 	fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#555">gray: the call; blue: an attempt that succeeded, red: one that failed; light: on the wire (otelgrpc); green or dark red: the server's span; amber: a backoff wait</text>`+"\n",
-		10, height-8)
+		10, legendY)
 	b.WriteString("</svg>\n")
 	_, err = io.WriteString(w, b.String())
 	return err

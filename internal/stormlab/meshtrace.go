@@ -1,0 +1,88 @@
+package stormlab
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/herdguard/herdguard/interceptor"
+)
+
+// MeshTrace is the leaf the mesh trace demo (trace-demo -mesh) runs the
+// chain against: Partial(0.67)'s leaf, failing 67 % of attempts on its
+// own, at 40 calls/s for 1.5 s, few enough user calls that every one of
+// them is traced through every tier.
+func MeshTrace() Scenario {
+	sc := Partial(0.67)
+	sc.Name = "mesh trace, a leaf failing 67 % of attempts"
+	sc.Rate, sc.Duration = 40, 1500*time.Millisecond
+	return sc
+}
+
+// Layer is what one service of a mesh trace did with the calls it made
+// through herdguard: its call spans, the attempts they made in all, and
+// the most one of them made.
+type Layer struct {
+	Service  string
+	Calls    int
+	Attempts int
+	Most     int
+}
+
+// Retried reports whether the layer retried: a call of it made more than
+// one attempt.
+func (l Layer) Retried() bool { return l.Most > 1 }
+
+// MeshLayers returns the layers of one trace that made herdguard calls,
+// from the root down (in the order TraceTree reads them).
+func MeshLayers(spans []TraceSpan) ([]Layer, error) {
+	rows, _, err := TraceTree(spans)
+	if err != nil {
+		return nil, err
+	}
+	var out []Layer
+	for _, s := range rows {
+		v, ok := s.Attrs[string(interceptor.AttrAttempts)]
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, fmt.Errorf("span %s of %s: %s %q: %w", s.SpanID, s.Service, interceptor.AttrAttempts, v, err)
+		}
+		i := 0
+		for i < len(out) && out[i].Service != s.Service {
+			i++
+		}
+		if i == len(out) {
+			out = append(out, Layer{Service: s.Service})
+		}
+		out[i].Calls++
+		out[i].Attempts += n
+		out[i].Most = max(out[i].Most, n)
+	}
+	return out, nil
+}
+
+// RetriedBelow reports whether a layer under the root's service retried.
+func RetriedBelow(layers []Layer) bool {
+	for i, l := range layers {
+		if i > 0 && l.Retried() {
+			return true
+		}
+	}
+	return false
+}
+
+// WriteMeshLayers prints one line per layer of a mesh trace: its calls,
+// their attempts, and whether it retried.
+func WriteMeshLayers(w io.Writer, layers []Layer) {
+	for _, l := range layers {
+		what := "did not retry"
+		if l.Retried() {
+			what = "RETRIED"
+		}
+		fmt.Fprintf(w, "  %-10s %d call(s), %d attempt(s) in all, at most %d in one: %s\n", l.Service, l.Calls, l.Attempts, l.Most, what)
+	}
+}
