@@ -12,9 +12,9 @@
 // With -mesh it runs the mesh lab instead (issue 33): a chain of demo-server
 // processes on 127.0.0.1, user client -> gateway -> service -> leaf, started
 // afresh for every run of every mesh strategy, and reports the attempts the
-// leaf received per user call through the leaf's brownouts (-scenario
-// steady-cut, steady-outage, brownouts, partial-0.67 or all; -mesh-strategies
-// picks strategies). -addr is not needed: the lab starts the leaf too.
+// leaf received per user call at a healthy leaf and through the leaf's
+// brownouts (-scenario healthy, steady-cut, steady-outage, brownouts,
+// partial-0.67, all, or trace; -mesh-strategies picks strategies). -addr is not needed: the lab starts the leaf too.
 // With -otlp, every process of the chain exports its spans there too (as
 // services gateway, service and leaf), the trace context carried down every
 // hop; with -jaeger, -trace and -trace-svg then read user calls back from

@@ -138,6 +138,15 @@ func runMesh(ctx context.Context, o options, out, progress io.Writer) error {
 				}
 			}
 		}
+		if sc.Name == stormlab.MeshHealthy().Name {
+			errs := stormlab.MeshHealthyCheck(rows)
+			for _, err := range errs {
+				failed = append(failed, fmt.Sprintf("%s: %v", sc.Name, err))
+			}
+			if len(errs) == 0 {
+				fmt.Fprintf(out, "issue 33: at a healthy leaf the server half adds no attempt: one per user call, every call ok\n")
+			}
+		}
 		sections = append(sections, stormlab.MeshSection{Title: sc.Name + ": the leaf's attempts per user call", Rows: rows})
 	}
 	if tr.rec != nil {

@@ -148,17 +148,21 @@ func (ms MeshStrategy) serverOptions() []grpc.ServerOption {
 	return nil
 }
 
-// MeshScenarios are the leaves the mesh lab runs the chain against: the
-// sticky brownouts of SteadyCut and SteadyOutage, and a leaf that fails
-// 67 % of attempts on its own (Partial(0.67)); the user's load is each
-// scenario's, fired at the gateway.
-func MeshScenarios() []Scenario { return []Scenario{SteadyCut(), SteadyOutage(), Partial(0.67)} }
+// MeshScenarios are the leaves the mesh lab runs the chain against: a
+// healthy one (MeshHealthy), the sticky brownouts of SteadyCut and
+// SteadyOutage, and a leaf that fails 67 % of attempts on its own
+// (Partial(0.67)); the user's load is each scenario's, fired at the
+// gateway.
+func MeshScenarios() []Scenario {
+	return []Scenario{MeshHealthy(), SteadyCut(), SteadyOutage(), Partial(0.67)}
+}
 
 // meshNamed are the names MeshScenariosNamed knows.
 var meshNamed = []struct {
 	name string
 	scs  func() []Scenario
 }{
+	{"healthy", func() []Scenario { return []Scenario{MeshHealthy()} }},
 	{"steady-cut", func() []Scenario { return []Scenario{SteadyCut()} }},
 	{"steady-outage", func() []Scenario { return []Scenario{SteadyOutage()} }},
 	{"partial-0.67", func() []Scenario { return []Scenario{Partial(0.67)} }},

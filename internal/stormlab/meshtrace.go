@@ -20,6 +20,33 @@ func MeshTrace() Scenario {
 	return sc
 }
 
+// MeshHealthy is a healthy leaf: Partial(0)'s load (600 calls/s for 6 s,
+// 2 s deadlines) and no fault, where the server half must add no attempt
+// and no latency.
+func MeshHealthy() Scenario {
+	sc := Partial(0)
+	sc.Name = "a healthy leaf"
+	return sc
+}
+
+// MeshHealthyCheck returns what is wrong with a healthy leaf's rows: the
+// server half must send the leaf exactly one attempt per user call, as
+// herdguard at every layer without it does, and fail none.
+func MeshHealthyCheck(rows []MeshSummary) []error {
+	half, ok := MeshRow(rows, MeshServerHalf)
+	if !ok {
+		return []error{fmt.Errorf("mesh: no %q row", MeshServerHalf)}
+	}
+	var errs []error
+	if half.AttemptsPerCall != 1 || half.OK != half.Calls {
+		errs = append(errs, fmt.Errorf("the server half at a healthy leaf: %.3f leaf attempts per user call and %d of %d calls ok: want 1 and every one", half.AttemptsPerCall, half.OK, half.Calls))
+	}
+	if every, ok := MeshRow(rows, MeshHerdguard); ok && every.AttemptsPerCall != half.AttemptsPerCall {
+		errs = append(errs, fmt.Errorf("at a healthy leaf: the server half %.3f leaf attempts per user call, herdguard at every layer %.3f: want the same", half.AttemptsPerCall, every.AttemptsPerCall))
+	}
+	return errs
+}
+
 // Layer is what one service of a mesh trace did with the calls it made
 // through herdguard: its call spans, the attempts they made in all, and
 // the most one of them made.

@@ -143,3 +143,26 @@ func TestMeshTraceAcrossTiers(t *testing.T) {
 		t.Errorf("herdguard at every layer, no server half: no trace with a retry above the leaf's caller; want the multiplication in the traces")
 	}
 }
+
+func TestMeshHealthyCheck(t *testing.T) {
+	row := func(name string, perCall float64, ok int) MeshSummary {
+		return MeshSummary{Summary: Summary{Strategy: name, Calls: 100, OK: ok, AttemptsPerCall: perCall}}
+	}
+	tests := []struct {
+		name string
+		rows []MeshSummary
+		errs int
+	}{
+		{"one attempt each, every call ok", []MeshSummary{row(MeshHerdguard, 1, 100), row(MeshServerHalf, 1, 100)}, 0},
+		{"an attempt added", []MeshSummary{row(MeshHerdguard, 1, 100), row(MeshServerHalf, 1.01, 100)}, 2},
+		{"a call failed", []MeshSummary{row(MeshServerHalf, 1, 99)}, 1},
+		{"no server half row", []MeshSummary{row(MeshHerdguard, 1, 100)}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if errs := MeshHealthyCheck(tt.rows); len(errs) != tt.errs {
+				t.Errorf("MeshHealthyCheck = %v, want %d errors", errs, tt.errs)
+			}
+		})
+	}
+}

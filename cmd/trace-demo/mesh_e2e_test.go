@@ -1,0 +1,97 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/herdguard/herdguard/internal/jaegerlab"
+	"github.com/herdguard/herdguard/internal/stormlab"
+)
+
+// TestE2EMeshTraceInJaeger runs trace-demo -mesh against a real Jaeger:
+// the chain user -> gateway -> service -> leaf, four processes exporting
+// on their own. Every printed user call is one trace in Jaeger holding the
+// spans of every tier, each under its parent (the trace context carried
+// down every hop); with the server half only the service, the leaf's
+// caller, retried; the waterfall names each row's layer.
+func TestE2EMeshTraceInJaeger(t *testing.T) {
+	o := e2e(t)
+	o.mesh, o.meshStrategy, o.samples = true, stormlab.MeshServerHalf, 2
+	var out, logs syncBuffer
+	o.stdout, o.stderr, o.jaegerLog = &out, &logs, &logs
+	defer func() {
+		if t.Failed() {
+			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	j, err := jaegerlab.Start(ctx, jaegerlab.Options{Bin: filepath.Join(o.bin, "jaeger"), Config: o.config, Log: &logs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Stop()
+
+	ids, err := meshDemo(ctx, j, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != o.samples {
+		t.Errorf("%d trace ids printed, want %d", len(ids), o.samples)
+	}
+	tiers := []string{"demo-client", stormlab.TierService(2), stormlab.TierService(stormlab.MeshDepth), stormlab.LeafService}
+	for _, id := range ids {
+		spans, err := jaegerlab.FetchTrace(ctx, j.QueryURL, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byID := map[string]bool{}
+		for _, s := range spans {
+			byID[s.SpanID] = true
+		}
+		var services []string
+		for _, s := range spans {
+			if s.ParentID != "" && !byID[s.ParentID] {
+				t.Errorf("trace %s: span %q of %s has no parent in the trace", id, s.Name, s.Service)
+			}
+			if !slices.Contains(services, s.Service) {
+				services = append(services, s.Service)
+			}
+		}
+		for _, want := range tiers {
+			if !slices.Contains(services, want) {
+				t.Errorf("trace %s: services %v, want %s among them", id, services, want)
+			}
+		}
+		layers, err := stormlab.MeshLayers(spans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(layers) != stormlab.MeshDepth {
+			t.Fatalf("trace %s: layers %+v, want the user, the gateway and the service", id, layers)
+		}
+		for i, l := range layers {
+			if want := tiers[i]; l.Service != want || l.Retried() != (i == stormlab.MeshDepth-1) {
+				t.Errorf("trace %s: layer %d %+v: want %s, retrying only if it is the leaf's caller", id, i, l, want)
+			}
+		}
+		if !strings.Contains(out.String(), jaegerlab.TraceURL(j.QueryURL, id)) {
+			t.Errorf("no Jaeger link printed for trace %s", id)
+		}
+	}
+	svg, err := os.ReadFile(o.svg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"<svg", "[demo-client] ", "[gateway] attempt 1", "[service] attempt 2", "server (leaf)", "demo-client → gateway → service", ids[0]} {
+		if !bytes.Contains(svg, []byte(want)) {
+			t.Errorf("the waterfall lacks %q", want)
+		}
+	}
+}
