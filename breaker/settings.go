@@ -118,7 +118,9 @@ type Settings struct {
 	// caller cancelled, those whose deadline ran out while no attempt was in
 	// flight (during a backoff wait, or before the first attempt), and those
 	// that ended with the client's own error (a message over the send limit,
-	// one that could not be encoded, a send a later interceptor refused). It
+	// one that could not be encoded, a send a later interceptor refused),
+	// and those a server stopped with a "do not retry" that says a layer
+	// below gave up (interceptor.GaveUpTrailerKey, package mesh). It
 	// must be quick and safe for concurrent use.
 	Verdict func(err error) herdguard.Verdict
 	// Fleet, if set, shares each breaker with the other replicas of the

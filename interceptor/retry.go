@@ -49,6 +49,9 @@ type decision struct {
 	jitter  string // the Jitter's name, or "pushback"
 	outcome Outcome
 	err     error
+	// gaveUpBelow: the call stops on a "do not retry" pushback that came
+	// with GaveUpTrailerKey (a layer below gave up).
+	gaveUpBelow bool
 }
 
 // decide says what follows a failed attempt. Unary calls and streams share
@@ -74,13 +77,16 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 	wait, ok, present := pushback(e.trailer)
 	if present && !ok {
 		bs.throttleFailure() // gRPC counts a refused pushback as a failure, whatever the code
+		below := len(e.trailer.Get(GaveUpTrailerKey)) > 0
 		switch {
 		case !retryable:
-			return decision{outcome: OutcomeNotRetryable, err: e.err}
+			return decision{outcome: OutcomeNotRetryable, err: e.err, gaveUpBelow: below}
 		case maxAttempts <= 1:
-			return decision{outcome: OutcomePushbackStop, err: e.err}
+			return decision{outcome: OutcomePushbackStop, err: e.err, gaveUpBelow: below}
 		}
-		return stop(OutcomePushbackStop, e.n, e.err)
+		d := stop(OutcomePushbackStop, e.n, e.err)
+		d.gaveUpBelow = below
+		return d
 	}
 	if maxAttempts <= 1 {
 		if !retryable {

@@ -106,6 +106,7 @@ type retryStream struct {
 	err          error // the final error once finished; nil: ended OK
 	outcome      Outcome
 	idleDeadline bool // the deadline ran out while no attempt was in flight
+	gaveUpBelow  bool // it stopped on a "do not retry" from a layer below that gave up (GaveUpTrailerKey)
 	// breakerDone hears the stream's verdict, once: when the server first
 	// answers, or when the stream ends. nil without a breaker or once told.
 	breakerDone  func(herdguard.Verdict)
@@ -444,7 +445,7 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 		last = end.err
 		d := s.ic.decide(s.ctx, s.p, &s.bs, s.maxAttempts, end)
 		if !d.retry {
-			s.outcome = d.outcome
+			s.outcome, s.gaveUpBelow = d.outcome, d.gaveUpBelow
 			return d.err
 		}
 		s.back, s.skipped = inLine(s.ctl, d, end.err), d // the controller's line replaces the backoff wait
@@ -986,7 +987,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	s.endAttemptLocked(a, err)
 	if s.breakerDone != nil {
 		v := herdguard.Ignored
-		if !a.clientErr && s.outcome != OutcomeShed && !s.idleAtDeadlineLocked(err) {
+		if !a.clientErr && s.outcome != OutcomeShed && !s.gaveUpBelow && !s.idleAtDeadlineLocked(err) {
 			v = s.ic.verdict(s.ctx, err, s.idleDeadline || !a.live)
 		}
 		s.breakerDone(v)

@@ -27,6 +27,14 @@ const AttemptMetadataKey = "herdguard-attempt"
 // malformed value means: do not retry.
 const PushbackTrailerKey = "grpc-retry-pushback-ms"
 
+// GaveUpTrailerKey is the trailer by which a server running herdguard's
+// server half (package mesh) says that a call it made below gave up, beside
+// a PushbackTrailerKey that says do not retry. A call stopped by such an
+// answer is Ignored by the breaker: the layer below already retried and
+// judged, its own protection acts there, and counting its give-ups again
+// here would open this layer's breaker on the evidence of another's.
+const GaveUpTrailerKey = "herdguard-gave-up"
+
 // Unary returns the unary client interceptor.
 func (ic *Interceptor) Unary() grpc.UnaryClientInterceptor { return ic.unary }
 
@@ -117,6 +125,9 @@ type unaryCall struct {
 
 	attempts int
 	outcome  Outcome
+	// gaveUpBelow is true when the call ended on a server's "do not retry"
+	// that says a layer below gave up (GaveUpTrailerKey).
+	gaveUpBelow bool
 	// idle is true when the call's deadline ran out while no attempt was
 	// in flight: during a backoff wait, or before an attempt started.
 	idle bool
@@ -192,8 +203,8 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 				maxAttempts = 1
 			}
 			err = c.call(ctx, maxAttempts)
-			if c.clientErr || c.outcome == OutcomeShed {
-				return herdguard.Ignored // the client's own error, or its shedding, says nothing of the server
+			if c.clientErr || c.outcome == OutcomeShed || c.gaveUpBelow {
+				return herdguard.Ignored // the client's own error, its shedding, or a layer below's give-up says nothing of the server
 			}
 			return ic.verdict(ctx, err, c.idle)
 		})
@@ -334,7 +345,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		c.clientErr = end.client
 		d := c.ic.decide(ctx, c.p, &bs, maxAttempts, end)
 		if !d.retry {
-			c.outcome = d.outcome
+			c.outcome, c.gaveUpBelow = d.outcome, d.gaveUpBelow
 			return d.err
 		}
 		if back = inLine(c.ctl, d, end.err); back {

@@ -18,7 +18,9 @@ const (
 	// answer "don't retry": its value is the outcome of the call below that
 	// gave up ("exhausted", "shed", "breaker_open", "pushback_stop",
 	// "budget_exhausted"), or OutcomeRetriedAbove.
-	GaveUpTrailerKey = "herdguard-gave-up"
+	// A herdguard client stopped by it does not count the call against its
+	// breaker (interceptor.GaveUpTrailerKey): the layer below judged.
+	GaveUpTrailerKey = interceptor.GaveUpTrailerKey
 	// RetriesBelowKey is the request metadata that says how many retries
 	// each call made below may still send. herdguard's client half sends
 	// "0" on the calls a request makes when that request is a retry or
