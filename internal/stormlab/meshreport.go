@@ -126,7 +126,7 @@ leaf attempts / user call: the attempts the leaf received per call the user star
 multiple of "herdguard at the last hop only" (retries at one layer, the one above the failure). calls ok, ok %,
 p50, p99 (of the ok calls), recovery: counted by the user's client, as in the steady tables. leaf deadlines
 within user's: the share of leaf attempts whose own deadline was no later than their user's (which rides along
-in metadata), up to 100 ms of transit, and how late the latest was. Every retrying client makes at most 3
+in metadata), up to 250 ms of transit, and how late the latest was. Every retrying client makes at most 3
 attempts on Unavailable, waits from 100 ms. "go-grpc-middleware at every layer" runs its tiers in
 bench/cmd/ggm-tier, and the user's hop in one more such tier in front of the gateway.`
 
