@@ -9,8 +9,8 @@
 //   - When a call made through herdguard gives up (out of attempts, shed,
 //     refused by an open breaker, stopped by a pushback, or out of budget),
 //     the request being served answers with gRPC's standard "don't retry"
-//     signal, a grpc-retry-pushback-ms trailer of -1, which herdguard,
-//     gRPC's built-in retry in every language and proxies honour, and with a
+//     signal, a grpc-retry-pushback-ms trailer of -1, which herdguard and
+//     gRPC's built-in retry in every language honour (gRFC A6), and with a
 //     herdguard-gave-up trailer naming the outcome. The handler's status
 //     code is kept as it is.
 //   - A request that is itself a retry or a hedge (grpc-previous-rpc-attempts,

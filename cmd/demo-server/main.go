@@ -19,6 +19,9 @@
 // with what came back, the status code kept:
 //
 //	demo-server -tier -next 127.0.0.1:7001 -mesh-strategy "herdguard + server half" -hop 3 -scale 2 -addr-file f
+//
+// A tier with -otlp traces what it serves and what it sends on, as service
+// "gateway" (-hop 2) or "service" (-hop 3), continuing the caller's trace.
 package main
 
 import (
