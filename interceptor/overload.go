@@ -125,19 +125,12 @@ func attemptDoneAfter(ctl *overload.Controller, err error, clk clock, sent time.
 // controller how long it waited in the line and how much time it had left
 // when it went out ([overload.Controller.TimedOut]).
 //
-// An attempt a layer below gave up on, and said so (gaveUpBelow), says
-// nothing of this target's load.
-//
 // An answer to an attempt sent while calm, nearly every call's, goes to the
 // controller first, as attemptDoneAfter would send it: the calls below it
 // would cost that attempt about 60 instructions more.
 func attemptDoneIn(ctx context.Context, ctl *overload.Controller, end *attemptEnd, clk clock, asked, sent time.Time) {
 	if end.err == nil && sent.IsZero() {
 		ctl.AnsweredSentCalm()
-		return
-	}
-	if gaveUpBelow(end.trailer) {
-		ctl.Done(overload.Ignored) // a layer below gave up and said so: not this target's load
 		return
 	}
 	if timedOutIn(ctx, ctl, end.err, end.timedOut, asked, sent) {

@@ -77,7 +77,6 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 	wait, ok, present := pushback(e.trailer)
 	if present && !ok {
 		bs.throttleFailure() // gRPC counts a refused pushback as a failure, whatever the code
-		// gaveUpBelow's test, with the pushback already read
 		below := len(e.trailer.Get(GaveUpTrailerKey)) > 0
 		switch {
 		case !retryable:
@@ -230,18 +229,6 @@ func contextOutcome(err error) Outcome {
 
 // pushback reads the server's retry pushback from a trailer. present is
 // false when there is none; ok is false when it says not to retry.
-// gaveUpBelow reports whether a trailer says "do not retry" because a layer
-// below gave up (GaveUpTrailerKey beside a stopping pushback): the server
-// answered, and the protection of the layer below acted; neither the
-// breaker nor the overload controller of this layer counts it.
-func gaveUpBelow(md metadata.MD) bool {
-	if len(md.Get(GaveUpTrailerKey)) == 0 {
-		return false
-	}
-	_, ok, present := pushback(md)
-	return present && !ok
-}
-
 func pushback(md metadata.MD) (wait time.Duration, ok, present bool) {
 	vals := md.Get(PushbackTrailerKey)
 	if len(vals) == 0 {

@@ -140,8 +140,6 @@ type streamAttempt struct {
 	cs      grpc.ClientStream // nil when the attempt failed to open
 	live    bool              // the call's context was alive when it started
 	started time.Time
-	// gaveUpBelow: its trailer said a layer below gave up (gaveUpBelow).
-	gaveUpBelow bool
 	// asked and sent are when the attempt asked the overload controller and
 	// when it went, while the controller paced (zero: sent while calm).
 	asked, sent time.Time
@@ -436,7 +434,6 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 			end.headers = md != nil
 			if !end.headers {
 				end.trailer = a.cs.Trailer()
-				a.gaveUpBelow = end.err != nil && gaveUpBelow(end.trailer)
 			}
 		}
 		if end.headers {
@@ -1091,9 +1088,8 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		// deadline ended the stream it was serving: that says nothing of
 		// its load, and a watch stream lives until its deadline.
 		attemptDone(s.ctl, nil)
-	case a == s.a && s.idleAtDeadlineLocked(err), a.gaveUpBelow:
-		// Nobody asked the server for an answer yet, or a layer below
-		// gave up and said so: it says nothing of the load.
+	case a == s.a && s.idleAtDeadlineLocked(err):
+		// Nobody asked the server for an answer yet: it says nothing.
 		if s.ctl != nil {
 			s.ctl.Done(overload.Ignored)
 		}

@@ -29,11 +29,10 @@ const PushbackTrailerKey = "grpc-retry-pushback-ms"
 
 // GaveUpTrailerKey is the trailer by which a server running herdguard's
 // server half (package mesh) says that a call it made below gave up, beside
-// a PushbackTrailerKey that says do not retry. An attempt answered so says
-// nothing of this target, to the breaker or to the overload controller:
-// the layer below already retried and judged, its own protection acts
-// there, and counting its give-ups again here would open this layer's
-// breaker, or pace this layer, on the evidence of another's.
+// a PushbackTrailerKey that says do not retry. A call stopped by such an
+// answer is Ignored by the breaker: the layer below already retried and
+// judged, its own protection acts there, and counting its give-ups again
+// here would open this layer's breaker on the evidence of another's.
 const GaveUpTrailerKey = "herdguard-gave-up"
 
 // Unary returns the unary client interceptor.
