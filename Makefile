@@ -108,7 +108,7 @@ ggm-tier: ## Build bench/cmd/ggm-tier, the mesh lab's go-grpc-middleware tier, i
 MESH_ARGS ?= -runs 3 -scale 1
 
 .PHONY: mesh
-mesh: build ggm-tier ## The mesh lab at full scale, medians of 3: depth 3 at a healthy leaf, through its brownouts and at a 67 % failing leaf, six strategies (about 15 minutes); writes bin/mesh.svg
+mesh: build ggm-tier ## The mesh lab at full scale, medians of 3: depth 3 at a healthy leaf, through its brownouts and at a 67 % failing leaf, six strategies (about 13 minutes); writes bin/mesh.svg
 	$(BIN)/demo-client -mesh -server-bin $(BIN)/demo-server -ggm-tier-bin $(BIN)/ggm-tier -mesh-svg $(BIN)/mesh.svg $(MESH_ARGS)
 
 # make storm STORM_ARGS='-runs 1 -scale 4' STORM_PEER_ENV='HERDGUARD_STORM_RUNS=1 HERDGUARD_STORM_SCALE=4' for a quick look.
