@@ -150,7 +150,7 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	c.outcome, c.clientErr = h.c.outcome, h.c.clientErr
+	c.outcome, c.clientErr, c.gaveUpBelow = h.c.outcome, h.c.clientErr, h.c.gaveUpBelow
 	c.attempts, c.hedges = len(h.attempts), len(h.attempts)-1
 	if w := h.winner; w != nil && h.err == nil {
 		c.winner = w.n
@@ -278,6 +278,7 @@ func (h *hedgeCall) judgeLocked(a *hedgeAttempt, err error) {
 	}
 	if present && !ok {
 		h.noMore, h.stopped = true, true
+		c.gaveUpBelow = c.gaveUpBelow || gaveUpBelow(*a.trailer)
 	}
 	switch {
 	case h.ctx.Err() != nil:

@@ -77,7 +77,7 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 	wait, ok, present := pushback(e.trailer)
 	if present && !ok {
 		bs.throttleFailure() // gRPC counts a refused pushback as a failure, whatever the code
-		below := len(e.trailer.Get(GaveUpTrailerKey)) > 0
+		below := gaveUpBelow(e.trailer)
 		switch {
 		case !retryable:
 			return decision{outcome: OutcomeNotRetryable, err: e.err, gaveUpBelow: below}
@@ -229,6 +229,11 @@ func contextOutcome(err error) Outcome {
 
 // pushback reads the server's retry pushback from a trailer. present is
 // false when there is none; ok is false when it says not to retry.
+// gaveUpBelow reports whether a trailer whose pushback says do not retry
+// also says that a layer below gave up (GaveUpTrailerKey): the breaker
+// does not count such a call.
+func gaveUpBelow(md metadata.MD) bool { return len(md.Get(GaveUpTrailerKey)) > 0 }
+
 func pushback(md metadata.MD) (wait time.Duration, ok, present bool) {
 	vals := md.Get(PushbackTrailerKey)
 	if len(vals) == 0 {

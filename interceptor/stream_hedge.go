@@ -304,6 +304,7 @@ func (s *retryStream) hedgeFailedLocked(a *streamAttempt, err error) (over bool,
 	}
 	if present && !ok {
 		h.noMore, h.stopped = true, true
+		s.gaveUpBelow = s.gaveUpBelow || gaveUpBelow(trailer)
 	}
 	if !nonFatal {
 		// A fatal answer ends the stream: it becomes the current attempt,

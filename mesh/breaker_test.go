@@ -7,18 +7,21 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/interceptor"
 	"github.com/herdguard/herdguard/mesh"
+	"github.com/herdguard/herdguard/policy"
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
 
 // TestUpperBreakerIgnoresGiveUpsBelow: a layer above a tier whose calls
 // below give up does not open its breaker on the tier's "don't retry"
-// answers, unary or stream: the tier's layer already retried and judged.
-// The control, the same tier without the package, shows that the same
-// breaker opens on the same failures otherwise (3 in a row trip it).
+// answers, unary or stream, retried or hedged: the tier's layer already
+// retried and judged. The control, the same tier without the package,
+// shows that the same breaker opens on the same failures otherwise (3 in
+// a row trip it).
 func TestUpperBreakerIgnoresGiveUpsBelow(t *testing.T) {
 	for _, tt := range []struct {
 		name     string
@@ -35,22 +38,22 @@ func TestUpperBreakerIgnoresGiveUpsBelow(t *testing.T) {
 				dopts, sopts = mesh.DialOptions(below), mesh.ServerOptions()
 			}
 			mid := serve(t, &tier{next: dial(t, serve(t, l), dopts...)}, sopts...)
-			for _, kind := range []string{"unary", "stream"} {
-				above := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutOverloadControl(),
+			hedged := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour, NonFatalCodes: []codes.Code{codes.Unavailable}}}
+			for _, c := range []struct {
+				kind string
+				p    policy.Policy
+			}{{"unary", fast(3)}, {"stream", fast(3)}, {"unary", hedged}, {"stream", hedged}} {
+				kind := c.kind
+				if c.p.Hedging.On() {
+					kind += ", hedged"
+				}
+				above := herdguard(t, interceptor.WithPolicy(c.p), interceptor.WithoutOverloadControl(),
 					interceptor.WithBreaker(breaker.Settings{ConsecutiveFailures: 3, OpenTimeout: time.Minute}))
 				user := dial(t, mid, above.DialOptions()...)
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 				open := 0
 				for range 6 {
-					var err error
-					if kind == "unary" {
-						_, err = user.Charge(ctx, &demov1.ChargeRequest{})
-					} else {
-						var cs grpc.ServerStreamingClient[demov1.ListChargesResponse]
-						if cs, err = user.ListCharges(ctx, &demov1.ListChargesRequest{}); err == nil {
-							_, err = cs.Recv()
-						}
-					}
+					err := callOnce(ctx, user, c.kind)
 					if err == nil {
 						t.Fatalf("%s: a call through a failing leaf succeeded", kind)
 					}
@@ -66,4 +69,19 @@ func TestUpperBreakerIgnoresGiveUpsBelow(t *testing.T) {
 			}
 		})
 	}
+}
+
+// callOnce makes one call of kind "unary" (Charge) or "stream"
+// (ListCharges, up to its first message) and returns how it ended.
+func callOnce(ctx context.Context, user demov1.GatewayServiceClient, kind string) error {
+	if kind == "unary" {
+		_, err := user.Charge(ctx, &demov1.ChargeRequest{})
+		return err
+	}
+	cs, err := user.ListCharges(ctx, &demov1.ListChargesRequest{})
+	if err != nil {
+		return err
+	}
+	_, err = cs.Recv()
+	return err
 }
