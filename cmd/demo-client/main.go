@@ -14,7 +14,8 @@
 // afresh for every run of every mesh strategy, and reports the attempts the
 // leaf received per user call at a healthy leaf and through the leaf's
 // brownouts (-scenario healthy, steady-cut, steady-outage, brownouts,
-// partial-0.67, all, or trace; -mesh-strategies picks strategies). -addr is not needed: the lab starts the leaf too.
+// partial-0.67, all, or trace; -mesh-strategies picks strategies). -addr
+// is not needed: the lab starts the leaf too.
 // With -otlp, every process of the chain exports its spans there too (as
 // services gateway, service and leaf), the trace context carried down every
 // hop; with -jaeger, -trace and -trace-svg then read user calls back from

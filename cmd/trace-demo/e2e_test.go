@@ -49,20 +49,7 @@ func e2e(t *testing.T) options {
 // documented attributes and both services named.
 func TestE2ETracesInJaeger(t *testing.T) {
 	o := e2e(t)
-	var out, logs syncBuffer
-	o.stdout, o.stderr, o.jaegerLog = &out, &logs, &logs
-	defer func() {
-		if t.Failed() {
-			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
-		}
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	j, err := jaegerlab.Start(ctx, jaegerlab.Options{Bin: filepath.Join(o.bin, "jaeger"), Config: o.config, Log: &logs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Stop()
+	ctx, j, out := startE2E(t, &o)
 
 	ids, err := demo(ctx, j, o)
 	if err != nil {
@@ -111,6 +98,28 @@ func TestE2ETracesInJaeger(t *testing.T) {
 	if alive(pid) {
 		t.Errorf("jaeger (pid %d) still runs after Stop", pid)
 	}
+}
+
+// startE2E sends o's output to buffers that the test logs if it fails,
+// and starts Jaeger, stopped with the test; the context bounds the test
+// (5 minutes). It returns the output buffer.
+func startE2E(t *testing.T, o *options) (context.Context, *jaegerlab.Jaeger, *syncBuffer) {
+	t.Helper()
+	out, logs := &syncBuffer{}, &syncBuffer{}
+	o.stdout, o.stderr, o.jaegerLog = out, logs, logs
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	j, err := jaegerlab.Start(ctx, jaegerlab.Options{Bin: filepath.Join(o.bin, "jaeger"), Config: o.config, Log: logs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = j.Stop() })
+	return ctx, j, out
 }
 
 // whole reads trace id back from Jaeger once Jaeger has stored all of it,

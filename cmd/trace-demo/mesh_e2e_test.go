@@ -2,13 +2,10 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/herdguard/herdguard/internal/jaegerlab"
 	"github.com/herdguard/herdguard/internal/stormlab"
@@ -23,20 +20,7 @@ import (
 func TestE2EMeshTraceInJaeger(t *testing.T) {
 	o := e2e(t)
 	o.mesh, o.meshStrategy, o.samples = true, stormlab.MeshServerHalf, 2
-	var out, logs syncBuffer
-	o.stdout, o.stderr, o.jaegerLog = &out, &logs, &logs
-	defer func() {
-		if t.Failed() {
-			t.Logf("output:\n%s\nlogs:\n%s", out.String(), logs.String())
-		}
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	j, err := jaegerlab.Start(ctx, jaegerlab.Options{Bin: filepath.Join(o.bin, "jaeger"), Config: o.config, Log: &logs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Stop()
+	ctx, j, out := startE2E(t, &o)
 
 	ids, err := meshDemo(ctx, j, o)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -335,43 +334,17 @@ func (l *MeshLab) startLeaf(ctx context.Context) (string, func() error, error) {
 		if tp := l.tracer(LeafService); tp != nil {
 			opts = append(opts, ServerTracing(tp))
 		}
-		return serveHere(ctx, nil, opts)
+		_, addr, stop, err := ServeLoopback(Faults{}, opts...)
+		if err != nil {
+			return "", nil, err
+		}
+		return addr, func() error { stop(); return nil }, nil
 	}
 	var args, env []string
 	if l.OTLP != "" {
 		args, env = []string{"-otlp", l.OTLP}, []string{"OTEL_SERVICE_NAME=" + LeafService}
 	}
 	return startProcess(ctx, l.ServerBin, args, env, l.Stderr)
-}
-
-// serveHere serves a fresh leaf (t nil) or tier t in this process on
-// 127.0.0.1 with opts.
-func serveHere(ctx context.Context, t *Tier, opts []grpc.ServerOption) (string, func() error, error) {
-	var g *grpc.Server
-	if t == nil {
-		s, err := NewServer(Faults{})
-		if err != nil {
-			return "", nil, err
-		}
-		g = s.Register(opts...)
-	} else {
-		g = t.Register(opts...)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = g.Serve(lis)
-	}()
-	stop := func() error { g.Stop(); <-done; return nil }
-	if t != nil {
-		t.Connect(ctx)
-		stop = func() error { g.Stop(); <-done; return t.Close() }
-	}
-	return lis.Addr().String(), stop, nil
 }
 
 func (l *MeshLab) startTier(ctx context.Context, ms MeshStrategy, o TierOptions) (string, func() error, error) {
@@ -409,11 +382,13 @@ func (l *MeshLab) serveTierHere(ctx context.Context, ms MeshStrategy, o TierOpti
 	if err != nil {
 		return "", nil, err
 	}
-	addr, stop, err := serveHere(ctx, t, append(opts, ms.serverOptions()...))
+	addr, stop, err := serveLoopback(t.Register(append(opts, ms.serverOptions()...)...))
 	if err != nil {
 		t.Close()
+		return "", nil, err
 	}
-	return addr, stop, err
+	t.Connect(ctx)
+	return addr, func() error { stop(); return t.Close() }, nil
 }
 
 // startProcess starts bin with args and -addr 127.0.0.1:0 -addr-file, and

@@ -77,12 +77,9 @@ type TierOptions struct {
 	OTLP     string  // -otlp: trace the tier and export its spans over OTLP gRPC to this collector on loopback
 }
 
-// The services the mesh lab's processes export their spans as, when traced
-// (MeshLab.OTLP, TierOptions.OTLP): the tier whose client is hop h is
-// TierService(h); the leaf is LeafService.
-const (
-	LeafService = "leaf"
-)
+// LeafService is the service the mesh lab's leaf exports its spans as,
+// when traced (MeshLab.OTLP); a tier exports as TierService of its hop.
+const LeafService = "leaf"
 
 // TierService is the service name of the tier whose client is hop h:
 // "gateway" (h 2) and "service" (h 3, the leaf's caller); "edge" (h 1) is

@@ -648,22 +648,31 @@ func (s *Server) Faults() Faults {
 }
 
 // ServeLoopback serves a new gateway with faults f on 127.0.0.1, on a port
-// the system picks, until stop is called; stop returns once the server has
-// stopped. Tests and benchmarks use it.
-func ServeLoopback(f Faults) (s *Server, addr string, stop func(), err error) {
+// the system picks, with opts, until stop is called; stop returns once the
+// server has stopped. Tests, benchmarks and the mesh lab's leaf use it.
+func ServeLoopback(f Faults, opts ...grpc.ServerOption) (s *Server, addr string, stop func(), err error) {
 	s, err = NewServer(f)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, stop, err = serveLoopback(s.Register(opts...))
 	if err != nil {
 		return nil, "", nil, err
 	}
-	g := s.Register()
+	return s, addr, stop, nil
+}
+
+// serveLoopback serves g on 127.0.0.1, on a port the system picks, until
+// stop is called; stop returns once g has stopped.
+func serveLoopback(g *grpc.Server) (addr string, stop func(), err error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		_ = g.Serve(lis)
 	}()
-	return s, lis.Addr().String(), func() { g.Stop(); <-done }, nil
+	return lis.Addr().String(), func() { g.Stop(); <-done }, nil
 }
