@@ -474,12 +474,14 @@ func (c *Controller) AnsweredSentCalm() {
 // deadline passed while it was in flight: it waited held in the line, and
 // went out with left before the deadline. It is an overload signal, as
 // Done(Overloaded) is, unless it waited longer than it then had left: the
-// line, not the server, spent most of the caller's time. Served oldest
+// line, not the server, spent most of the caller's time, and it says
+// nothing (Done(Ignored)). Served oldest
 // first, the line sends callers at the edge of their deadlines, and a
 // server that misses an edge that near is not therefore slow; taken as
 // overload, a few such misses would stop a line that drains.
 func (c *Controller) TimedOut(held, left time.Duration) {
 	if held > left {
+		c.Done(Ignored)
 		return
 	}
 	c.Done(Late)
@@ -512,8 +514,32 @@ func (c *Controller) Done(o Outcome) {
 	case Ignored:
 		if !c.pacing.Load() {
 			c.calmLost.Add(1)
+			return
 		}
+		c.mu.Lock()
+		now := c.s.Now()
+		c.advanceLocked(now)
+		if c.confirmNeed > 0 {
+			c.unconfirmedLocked(now)
+		}
+		c.mu.Unlock()
 	}
+}
+
+// unconfirmedLocked counts an outcome of the confirmation's batch that says
+// nothing (Ignored: the caller cancelled, a layer below gave up, the line
+// spent the caller's time): the batch waits for one outcome fewer, and is
+// judged on those it has. Waited for, such an outcome held the episode
+// confirming until a later attempt's outcome took its place, at one probe
+// per interval, while the line shed; a batch of which nothing is counted
+// shows nothing, and the server is probed again.
+func (c *Controller) unconfirmedLocked(now time.Time) {
+	c.confirmNeed--
+	c.batch = min(c.batch, c.confirmNeed)
+	if c.confirmOK+c.confirmFail == 0 && c.confirmNeed == 0 {
+		return // nothing counted: still collapsed, probing
+	}
+	c.judgeLocked(now)
 }
 
 // answeredPacing counts an answer while pacing, that took d (0: not
