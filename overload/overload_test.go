@@ -1679,7 +1679,7 @@ func TestConfirmationSkipsOutcomesThatSayNothing(t *testing.T) {
 			c, clk := newController(t, Settings{})
 			report(c, Overloaded, 20)
 			clk.Advance(firstProbeIntervals * DefaultInterval) // collapsed, one probe per interval
-			atOnce := func() bool {                           // an attempt goes at once, or not at all
+			atOnce := func() bool {                            // an attempt goes at once, or not at all
 				ctx, cancel := context.WithCancel(context.Background())
 				cancel()
 				_, err := c.Acquire(ctx)
