@@ -643,7 +643,7 @@ func answerProbe(t *testing.T, c *Controller) {
 // so the refusals were load, and the rate restarts.
 func confirmLoad(c *Controller) {
 	c.mu.Lock()
-	k := c.confirmNeed
+	k := c.ep.confirm.need
 	c.mu.Unlock()
 	report(c, Answered, k)
 }
@@ -821,7 +821,7 @@ func TestSetbacksLowerWhatIsKnown(t *testing.T) {
 		t.Fatalf("restart after the refused 85 at %v, want 76.5", got)
 	}
 	c.mu.Lock()
-	first := c.growAt.Sub(clk.Now())
+	first := c.ep.growAt.Sub(clk.Now())
 	c.mu.Unlock()
 	if first != DefaultHold {
 		t.Fatalf("hold after one setback = %v, want %v", first, DefaultHold)
@@ -832,7 +832,7 @@ func TestSetbacksLowerWhatIsKnown(t *testing.T) {
 	clk.Advance(DefaultInterval)
 	answerProbe(t, c)
 	c.mu.Lock()
-	second := c.growAt.Sub(clk.Now())
+	second := c.ep.growAt.Sub(clk.Now())
 	c.mu.Unlock()
 	if got := rateOf(c); got != 0.9*77 {
 		t.Fatalf("restart after the refused 77 at %v, want %v", got, 0.9*77)
@@ -856,7 +856,7 @@ func TestNoSheddingBelowTheSustainedRate(t *testing.T) {
 	// waiter 20 places back would wait about 370ms, past its 100ms.
 	answerProbe(t, c)
 	c.mu.Lock()
-	c.lastIn, c.tokens = 60, 0
+	c.ep.lastIn, c.ep.tokens = 60, 0
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
@@ -883,7 +883,7 @@ func TestNoSheddingBelowTheSustainedRate(t *testing.T) {
 func setCounts(c *Controller, arrived, sent int) {
 	c.mu.Lock()
 	c.advanceLocked(c.s.Now()) // into the interval of now
-	c.arrived, c.sent = arrived, sent
+	c.cur.arrived, c.cur.sent = arrived, sent
 	c.mu.Unlock()
 }
 
@@ -962,7 +962,7 @@ func TestMeasuredCapacityBounds(t *testing.T) {
 // markWaited makes the current interval one in which attempts waited.
 func markWaited(c *Controller) {
 	c.mu.Lock()
-	c.waited = true
+	c.cur.waited = true
 	c.mu.Unlock()
 }
 
@@ -1124,7 +1124,7 @@ func TestShedding(t *testing.T) {
 	// newest, has its turn in 33ms, past its 20ms; the one a place back
 	// has its turn in 22ms, within its 40ms.
 	c.mu.Lock()
-	c.lastIn = 60
+	c.ep.lastIn = 60
 	c.mu.Unlock()
 	c.Done(Answered)
 	confirmLoad(c)
@@ -1432,7 +1432,7 @@ func answersTook(t *testing.T, d time.Duration) (*Controller, *fakeClock) {
 func setBucket(c *Controller, rate, tokens float64, lastIn int) {
 	c.mu.Lock()
 	c.advanceLocked(c.s.Now())
-	c.rate, c.tokens, c.lastIn = rate, tokens, lastIn
+	c.ep.rate, c.ep.tokens, c.ep.lastIn = rate, tokens, lastIn
 	c.mu.Unlock()
 }
 
@@ -1545,7 +1545,7 @@ func TestNoSheddingInARefusedInterval(t *testing.T) {
 		waitLine(t, c, id+1)
 	}
 	c.mu.Lock()
-	c.lastIn = 9 // arrivals as fast as the rate: no spare for the line
+	c.ep.lastIn = 9 // arrivals as fast as the rate: no spare for the line
 	c.mu.Unlock()
 	c.Done(Overloaded) // a refusal in the interval of the restart
 	c.Done(Answered)   // the probe's answer,
@@ -1594,7 +1594,7 @@ func TestLearningStopsAtTheRate(t *testing.T) {
 		report(c, Answered, 75)
 		clk.Advance(DefaultInterval)
 		c.mu.Lock()
-		known, rate := c.known, c.rate
+		known, rate := c.known, c.ep.rate
 		c.mu.Unlock()
 		if known > top+1e-9 || rate > top+1e-9 {
 			t.Fatalf("interval %d: known %v, rate %v: want neither past the rate of %v", i, known, rate, top)
