@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	"github.com/failsafe-go/failsafe-go/failsafegrpc"
 	"github.com/failsafe-go/failsafe-go/hedgepolicy"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -232,7 +234,7 @@ func BenchmarkUnaryFailure3(b *testing.B) {
 func BenchmarkSerialFailingCaller(b *testing.B) {
 	srv := testserver.Start(b, &testserver.Server{NoRecord: true, Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
-		if n := md.Get(interceptor.AttemptMetadataKey); len(n) == 0 || n[0] == "2" {
+		if n := md.Get(wire.AttemptKey); len(n) == 0 || n[0] == "2" {
 			return nil, status.Error(codes.Unavailable, "the first two attempts fail")
 		}
 		return &testgrpc.SimpleResponse{}, nil
@@ -341,7 +343,7 @@ func handWrittenA6(ctx context.Context, method string, req, reply any, cc *grpc.
 			o = opts
 		}
 		if attempt > 1 {
-			actx = metadata.AppendToOutgoingContext(ctx, interceptor.AttemptMetadataKey, strconv.Itoa(attempt))
+			actx = metadata.AppendToOutgoingContext(ctx, wire.AttemptKey, strconv.Itoa(attempt))
 		}
 		header, trailer = nil, nil
 		err := inv(actx, method, req, reply, cc, o...)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	"google.golang.org/grpc/metadata"
 )
 
@@ -34,7 +36,7 @@ var attemptNumbers = func() (c [11]context.Context) {
 }()
 
 func attemptNumberContext(n int) context.Context {
-	return metadata.NewOutgoingContext(context.Background(), metadata.MD{AttemptMetadataKey: attemptValue(n)})
+	return metadata.NewOutgoingContext(context.Background(), metadata.MD{wire.AttemptKey: attemptValue(n)})
 }
 
 // attemptContext is a caller's context that carries no outgoing metadata,
@@ -74,7 +76,7 @@ func (r *retryNumbers) context(ctx context.Context, n, maxAttempts int) context.
 		r.checked = true
 	}
 	if r.callerMD {
-		return metadata.AppendToOutgoingContext(ctx, AttemptMetadataKey, attemptValue(n)[0])
+		return metadata.AppendToOutgoingContext(ctx, wire.AttemptKey, attemptValue(n)[0])
 	}
 	var number context.Context
 	if n < len(attemptNumbers) {

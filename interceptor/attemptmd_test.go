@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -77,8 +79,8 @@ func TestRetriesKeepTheCallersContext(t *testing.T) {
 				if i > 0 {
 					want = []string{strconv.Itoa(i + 1)}
 				}
-				if got := md.Get(AttemptMetadataKey); !slices.Equal(got, want) {
-					t.Errorf("attempt %d: %s %q, want %q", i+1, AttemptMetadataKey, got, want)
+				if got := md.Get(wire.AttemptKey); !slices.Equal(got, want) {
+					t.Errorf("attempt %d: %s %q, want %q", i+1, wire.AttemptKey, got, want)
 				}
 				for k, v := range callerMD {
 					if got := md.Get(k); !slices.Equal(got, v) {
@@ -94,11 +96,11 @@ func TestRetriesKeepTheCallersContext(t *testing.T) {
 					want = []string{strconv.Itoa(i + 1)}
 				}
 				md, _ := metadata.FromOutgoingContext(ctx)
-				if got := md.Get(AttemptMetadataKey); !slices.Equal(got, want) {
-					t.Errorf("after the call, attempt %d's context says %s %q, want %q", i+1, AttemptMetadataKey, got, want)
+				if got := md.Get(wire.AttemptKey); !slices.Equal(got, want) {
+					t.Errorf("after the call, attempt %d's context says %s %q, want %q", i+1, wire.AttemptKey, got, want)
 				}
 			}
-			if got := callerMD.Get(AttemptMetadataKey); len(got) != 0 {
+			if got := callerMD.Get(wire.AttemptKey); len(got) != 0 {
 				t.Errorf("the caller's own metadata was changed: %v", callerMD)
 			}
 		})

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -125,7 +127,7 @@ func TestBudgetUnderConcurrency(t *testing.T) {
 	if ok.Load() > 160 || ok.Load() < 60 {
 		t.Errorf("%d retries allowed, want between the reserve 60 and 0.1 × 1000 + 60", ok.Load())
 	}
-	if got := sumInt(t, rec, MetricBudgetRefusals, nil); got != refused.Load() {
+	if got := sumInt(t, rec, telemetry.MetricBudgetRefusals, nil); got != refused.Load() {
 		t.Errorf("refusals metric %d, want %d", got, refused.Load())
 	}
 }
@@ -143,7 +145,7 @@ func collect(t *testing.T, r *sdkmetric.ManualReader, name string) metricdata.Ag
 		t.Fatal(err)
 	}
 	for _, sm := range rm.ScopeMetrics {
-		if sm.Scope.Name != ScopeName {
+		if sm.Scope.Name != telemetry.ScopeName {
 			continue
 		}
 		for _, m := range sm.Metrics {
@@ -188,18 +190,18 @@ func TestMetrics(t *testing.T) {
 		want  int64
 	}{
 		{[]attribute.KeyValue{method}, 3},
-		{[]attribute.KeyValue{AttrRetry.Bool(false)}, 1},
-		{[]attribute.KeyValue{AttrRetry.Bool(true), attribute.String("rpc.response.status_code", "UNAVAILABLE")}, 1},
-		{[]attribute.KeyValue{AttrRetry.Bool(true), attribute.String("rpc.response.status_code", "OK")}, 1},
+		{[]attribute.KeyValue{telemetry.AttrRetry.Bool(false)}, 1},
+		{[]attribute.KeyValue{telemetry.AttrRetry.Bool(true), attribute.String("rpc.response.status_code", "UNAVAILABLE")}, 1},
+		{[]attribute.KeyValue{telemetry.AttrRetry.Bool(true), attribute.String("rpc.response.status_code", "OK")}, 1},
 	} {
-		if got := sumInt(t, rec, MetricAttempts, tt.attrs); got != tt.want {
+		if got := sumInt(t, rec, telemetry.MetricAttempts, tt.attrs); got != tt.want {
 			t.Errorf("attempts with %v = %d, want %d", tt.attrs, got, tt.want)
 		}
 	}
-	if got := sumInt(t, rec, MetricCalls, []attribute.KeyValue{AttrOutcome.String("ok")}); got != 1 {
+	if got := sumInt(t, rec, telemetry.MetricCalls, []attribute.KeyValue{telemetry.AttrOutcome.String("ok")}); got != 1 {
 		t.Errorf("ok calls %d, want 1", got)
 	}
-	hist, _ := collect(t, rec, MetricRetryDelay).(metricdata.Histogram[float64])
+	hist, _ := collect(t, rec, telemetry.MetricRetryDelay).(metricdata.Histogram[float64])
 	if len(hist.DataPoints) != 1 || hist.DataPoints[0].Count != 2 || hist.DataPoints[0].Sum != 0.03 {
 		t.Errorf("retry delay %+v, want 2 waits summing to 0.03 s", hist.DataPoints)
 	}
@@ -210,13 +212,13 @@ func TestMetrics(t *testing.T) {
 	sc.mu.Unlock()
 	call(t, c)
 	call(t, c)
-	if got := sumInt(t, rec, MetricCalls, []attribute.KeyValue{AttrOutcome.String("breaker_open")}); got != 1 {
+	if got := sumInt(t, rec, telemetry.MetricCalls, []attribute.KeyValue{telemetry.AttrOutcome.String("breaker_open")}); got != 1 {
 		t.Errorf("breaker_open calls %d, want 1", got)
 	}
-	if got := sumInt(t, rec, MetricBreakerTransitions, []attribute.KeyValue{AttrBreakerTo.String("open")}); got != 1 {
+	if got := sumInt(t, rec, telemetry.MetricBreakerTransitions, []attribute.KeyValue{telemetry.AttrBreakerTo.String("open")}); got != 1 {
 		t.Errorf("transitions to open %d, want 1", got)
 	}
-	gauge, _ := collect(t, rec, MetricBreakerState).(metricdata.Gauge[int64])
+	gauge, _ := collect(t, rec, telemetry.MetricBreakerState).(metricdata.Gauge[int64])
 	if len(gauge.DataPoints) != 1 || gauge.DataPoints[0].Value != 2 {
 		t.Errorf("breaker state gauge %+v, want one point of 2 (open)", gauge.DataPoints)
 	}
@@ -241,7 +243,7 @@ func TestMetricsUnknownCodes(t *testing.T) {
 			t.Fatalf("call: %v, want the server's own code", err)
 		}
 	}
-	if got := sumInt(t, rec, MetricAttempts, []attribute.KeyValue{attribute.String("rpc.response.status_code", "UNKNOWN")}); got != 50 {
+	if got := sumInt(t, rec, telemetry.MetricAttempts, []attribute.KeyValue{attribute.String("rpc.response.status_code", "UNKNOWN")}); got != 50 {
 		t.Errorf("attempts counted as UNKNOWN: %d, want 50", got)
 	}
 	if got := ic.metering.attemptOpts.Len(); got != 1 {

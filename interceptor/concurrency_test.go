@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -29,7 +31,7 @@ const concurrencyRounds = 300
 // failReopen is a stream interceptor chained after herdguard's that makes
 // every retry fail to open.
 func failReopen(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(AttemptMetadataKey)) > 0 {
+	if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(wire.AttemptKey)) > 0 {
 		return nil, status.Error(codes.Unavailable, "cannot reopen")
 	}
 	return streamer(ctx, desc, cc, method, opts...)
@@ -162,7 +164,7 @@ func TestReplayRefusedByALaterInterceptor(t *testing.T) {
 	}})
 	validator := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		cs, err := streamer(ctx, desc, cc, method, opts...)
-		if md, _ := metadata.FromOutgoingContext(ctx); err == nil && len(md.Get(AttemptMetadataKey)) > 0 {
+		if md, _ := metadata.FromOutgoingContext(ctx); err == nil && len(md.Get(wire.AttemptKey)) > 0 {
 			return rejectSends{cs}, nil
 		}
 		return cs, err

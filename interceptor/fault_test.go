@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"google.golang.org/grpc"
@@ -248,7 +250,7 @@ func TestStreamsSurviveServerRestart(t *testing.T) {
 			t.Errorf("a short %s stream ended with %v; want a RetryError with Unavailable after 2 attempts, the second made while the server was down", r.kind, r.err)
 		}
 	}
-	failed := sumInt(t, rec, MetricAttempts, []attribute.KeyValue{semconv.RPCResponseStatusCode("UNAVAILABLE")})
+	failed := sumInt(t, rec, telemetry.MetricAttempts, []attribute.KeyValue{semconv.RPCResponseStatusCode("UNAVAILABLE")})
 	t.Logf("%d of %d streams succeeded after the restart; failures by code: %v; %d attempts failed Unavailable",
 		ok, streams, codesSeen, failed)
 	if failed <= streams {

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc/codes"
@@ -68,16 +71,16 @@ func TestSharedRefusalIsToldApart(t *testing.T) {
 		if len(cs) != 1 {
 			t.Fatalf("%d %s spans", len(cs), name)
 		}
-		if got := attrs(cs[0])[AttrOutcome].AsString(); got != string(OutcomeBreakerOpenShared) {
+		if got := attrs(cs[0])[telemetry.AttrOutcome].AsString(); got != string(OutcomeBreakerOpenShared) {
 			t.Errorf("%s outcome %q, want %q", name, got, OutcomeBreakerOpenShared)
 		}
 		ev := cs[0].Events()
-		if len(ev) != 1 || ev[0].Name != EventBreakerRejected {
+		if len(ev) != 1 || ev[0].Name != names.EventBreakerRejected {
 			t.Fatalf("%s events %v", name, ev)
 		}
 		shared := false
 		for _, kv := range ev[0].Attributes {
-			if kv.Key == AttrBreakerShared {
+			if kv.Key == telemetry.AttrBreakerShared {
 				shared = kv.Value.AsBool()
 			}
 		}
@@ -85,13 +88,13 @@ func TestSharedRefusalIsToldApart(t *testing.T) {
 			t.Errorf("%s: the refusal event does not say the breaker is shared", name)
 		}
 	}
-	if got := sumInt(t, mrec, MetricCalls, []attribute.KeyValue{AttrOutcome.String(string(OutcomeBreakerOpenShared))}); got != 2 {
+	if got := sumInt(t, mrec, telemetry.MetricCalls, []attribute.KeyValue{telemetry.AttrOutcome.String(string(OutcomeBreakerOpenShared))}); got != 2 {
 		t.Errorf("%d calls counted as %s, want 2", got, OutcomeBreakerOpenShared)
 	}
-	gauge, _ := collect(t, mrec, MetricBreakerState).(metricdata.Gauge[int64])
+	gauge, _ := collect(t, mrec, telemetry.MetricBreakerState).(metricdata.Gauge[int64])
 	states := map[bool]int64{}
 	for _, p := range gauge.DataPoints {
-		v, _ := p.Attributes.Value(AttrBreakerShared)
+		v, _ := p.Attributes.Value(telemetry.AttrBreakerShared)
 		states[v.AsBool()] = p.Value
 	}
 	if len(gauge.DataPoints) != 2 || states[false] != int64(breaker.Closed) || states[true] != int64(breaker.Open) {

@@ -26,6 +26,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/balancer/base"
@@ -106,7 +108,7 @@ func withThrottling(sc string) string {
 // as mode m numbers attempts: gRPC sends grpc-previous-rpc-attempts n-1,
 // herdguard sends herdguard-attempt n.
 func checkAttempt(m retryMode, md metadata.MD, n int) error {
-	key, want := interceptor.AttemptMetadataKey, strconv.Itoa(n)
+	key, want := wire.AttemptKey, strconv.Itoa(n)
 	if m == viaGRPC {
 		key, want = previousAttemptsKey, strconv.Itoa(n-1)
 	}
@@ -241,7 +243,7 @@ func TestGRPCRetryThrottlingPushbackStop(t *testing.T) {
 	answer := func(ctx context.Context, n int) error {
 		switch {
 		case n <= 4:
-			_ = grpc.SetTrailer(ctx, metadata.Pairs(interceptor.PushbackTrailerKey, "-1"))
+			_ = grpc.SetTrailer(ctx, metadata.Pairs(wire.PushbackKey, "-1"))
 			return status.Error(codes.Internal, "not retryable, and do not retry")
 		case n == 5:
 			return status.Error(codes.Unavailable, "retryable")
@@ -382,7 +384,7 @@ func sHalfClosed() serverStep {
 
 func sPushback(v string) serverStep {
 	return func(_ retryMode, ss testgrpc.TestService_FullDuplexCallServer) error {
-		ss.SetTrailer(metadata.Pairs(interceptor.PushbackTrailerKey, v))
+		ss.SetTrailer(metadata.Pairs(wire.PushbackKey, v))
 		return nil
 	}
 }
@@ -773,7 +775,7 @@ func TestGRPCRetryStats(t *testing.T) {
 		t.Run(string(m), func(t *testing.T) {
 			srv := testserver.Start(t, &testserver.Server{Empty: countingEmpty(func(ctx context.Context, n int) error {
 				if n == 1 {
-					_ = grpc.SetTrailer(ctx, metadata.Pairs(interceptor.PushbackTrailerKey, strconv.Itoa(int(pushback/time.Millisecond))))
+					_ = grpc.SetTrailer(ctx, metadata.Pairs(wire.PushbackKey, strconv.Itoa(int(pushback/time.Millisecond))))
 					return status.Error(codes.Unavailable, "unavailable, retry")
 				}
 				return nil
@@ -1238,7 +1240,7 @@ func attemptsPerCall(t *testing.T, sc string, calls int, retry func(ctx context.
 	for _, m := range retryModes {
 		srv := testserver.Start(t, &testserver.Server{Empty: func(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
 			md, _ := metadata.FromIncomingContext(ctx)
-			if len(md.Get(interceptor.AttemptMetadataKey)) > 0 || len(md.Get(previousAttemptsKey)) > 0 {
+			if len(md.Get(wire.AttemptKey)) > 0 || len(md.Get(previousAttemptsKey)) > 0 {
 				return nil, retry(ctx)
 			}
 			return nil, status.Error(codes.Unavailable, "first attempt")
@@ -1264,7 +1266,7 @@ func TestGRPCThrottlingLastAttempt(t *testing.T) {
 			return status.Error(codes.Unavailable, "after headers")
 		},
 		"Internal with a pushback that says stop": func(ctx context.Context) error {
-			_ = grpc.SetTrailer(ctx, metadata.Pairs(interceptor.PushbackTrailerKey, "-1"))
+			_ = grpc.SetTrailer(ctx, metadata.Pairs(wire.PushbackKey, "-1"))
 			return status.Error(codes.Internal, "stop")
 		},
 	} {
@@ -1289,7 +1291,7 @@ func TestGRPCThrottlingUnnamedMethodPushback(t *testing.T) {
 		t.Run(string(m), func(t *testing.T) {
 			srv := testserver.Start(t, &testserver.Server{
 				Empty: func(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
-					_ = grpc.SetTrailer(ctx, metadata.Pairs(interceptor.PushbackTrailerKey, "-1"))
+					_ = grpc.SetTrailer(ctx, metadata.Pairs(wire.PushbackKey, "-1"))
 					return nil, status.Error(codes.Internal, "stop")
 				},
 				Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -216,7 +218,7 @@ func (h *hedgeCall) run(a *hedgeAttempt) error {
 	if c.tracer != nil {
 		ctx, a.span = startAttempt(ctx, c.tracer, c.method, a.n)
 		if a.n > 1 {
-			a.span.SetAttributes(AttrHedge.Bool(true))
+			a.span.SetAttributes(telemetry.AttrHedge.Bool(true))
 		}
 	}
 	// Latency is recorded for a latency-aware delay, and for the overload

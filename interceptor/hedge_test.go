@@ -10,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
+	"github.com/herdguard/herdguard/internal/wire"
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -192,7 +196,7 @@ func reply(name string) func(context.Context) (*testgrpc.SimpleResponse, error) 
 func failWith(c codes.Code, pushbackMS string) func(context.Context) (*testgrpc.SimpleResponse, error) {
 	return func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
 		if pushbackMS != "" {
-			_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackTrailerKey, pushbackMS))
+			_ = grpc.SetTrailer(ctx, metadata.Pairs(wire.PushbackKey, pushbackMS))
 		}
 		return nil, status.Error(c, "scripted "+c.String())
 	}
@@ -432,7 +436,7 @@ func TestHedgeBudgetIsEarnedByAnswers(t *testing.T) {
 	var hedges atomic.Int64 // hedges sent, as the next interceptor sees them
 	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		md, _ := metadata.FromOutgoingContext(ctx)
-		if v := md.Get(AttemptMetadataKey); len(v) == 1 && v[0] != "1" {
+		if v := md.Get(wire.AttemptKey); len(v) == 1 && v[0] != "1" {
 			hedges.Add(1)
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
@@ -593,25 +597,25 @@ func TestHedgeSpansAndMetrics(t *testing.T) {
 		t.Fatalf("%d call spans, want 1", len(calls))
 	}
 	attrs := attrMap(calls[0].Attributes())
-	if attrs[AttrHedges] != attribute.IntValue(1) || attrs[AttrHedgeWinner] != attribute.IntValue(2) || attrs[AttrAttempts] != attribute.IntValue(2) {
+	if attrs[names.AttrHedges] != attribute.IntValue(1) || attrs[names.AttrHedgeWinner] != attribute.IntValue(2) || attrs[telemetry.AttrAttempts] != attribute.IntValue(2) {
 		t.Errorf("call span attributes %v: want 2 attempts, 1 hedge, attempt 2 the winner", attrs)
 	}
-	attempts := spansNamed(rec.Ended(), SpanAttempt)
+	attempts := spansNamed(rec.Ended(), telemetry.SpanAttempt)
 	if len(attempts) != 2 {
 		t.Fatalf("%d attempt spans, want 2", len(attempts))
 	}
 	for _, s := range attempts {
 		a := attrMap(s.Attributes())
-		n := a[AttrAttempt].AsInt64()
-		hedge, won := a[AttrHedge].AsBool(), a[AttrHedgeWon].AsBool()
+		n := a[telemetry.AttrAttempt].AsInt64()
+		hedge, won := a[telemetry.AttrHedge].AsBool(), a[telemetry.AttrHedgeWon].AsBool()
 		if hedge != (n == 2) || won != (n == 2) {
 			t.Errorf("attempt %d span: hedge=%v won=%v; want both %v", n, hedge, won, n == 2)
 		}
 	}
-	if got := sumInt(t, reader, MetricHedges, []attribute.KeyValue{AttrHedgeWon.Bool(true)}); got != 1 {
+	if got := sumInt(t, reader, telemetry.MetricHedges, []attribute.KeyValue{telemetry.AttrHedgeWon.Bool(true)}); got != 1 {
 		t.Errorf("hedges won %d, want 1", got)
 	}
-	if got := sumInt(t, reader, MetricAttempts, []attribute.KeyValue{AttrHedge.Bool(true)}); got != 1 {
+	if got := sumInt(t, reader, telemetry.MetricAttempts, []attribute.KeyValue{telemetry.AttrHedge.Bool(true)}); got != 1 {
 		t.Errorf("attempts that were hedges %d, want 1", got)
 	}
 }
@@ -923,7 +927,7 @@ func TestHedgePushbackOutlastsATimerThatFired(t *testing.T) {
 	fail1 := make(chan struct{})
 	srv.on(1, func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
 		<-fail1
-		_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackTrailerKey, "1000"))
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(wire.PushbackKey, "1000"))
 		return nil, status.Error(codes.Unavailable, "down 1")
 	})
 	done, _ := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable))

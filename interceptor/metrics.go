@@ -3,6 +3,8 @@ package interceptor
 import (
 	"context"
 
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -15,26 +17,6 @@ import (
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/cow"
 	"github.com/herdguard/herdguard/overload"
-)
-
-// Names of herdguard's metric instruments.
-const (
-	MetricAttempts           = "herdguard.client.attempts"
-	MetricRetryDelay         = "herdguard.client.retry.delay"
-	MetricCalls              = "herdguard.client.calls"
-	MetricBreakerState       = "herdguard.client.breaker.state"
-	MetricBreakerTransitions = "herdguard.client.breaker.transitions"
-	MetricBudgetRefusals     = "herdguard.client.budget.refusals"
-	MetricHedges             = "herdguard.client.hedges"
-	MetricOverloadHeld       = "herdguard.client.overload.held"
-	MetricOverloadRate       = "herdguard.client.overload.rate"
-	MetricOverloadWaiting    = "herdguard.client.overload.waiting"
-	MetricOverloadDelayed    = "herdguard.client.overload.delayed"
-	MetricOverloadShed       = "herdguard.client.overload.shed"
-
-	AttrRetry      = attribute.Key("herdguard.retry")
-	AttrBudgetKind = attribute.Key("herdguard.budget")
-	AttrTarget     = attribute.Key("herdguard.target")
 )
 
 // metering holds the instruments, made once in New from the meter provider
@@ -83,7 +65,7 @@ func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group, contro
 	case noop.MeterProvider, *noop.MeterProvider:
 		return
 	}
-	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version))
+	meter := mp.Meter(telemetry.ScopeName, metric.WithInstrumentationVersion(telemetry.Version))
 	var err error
 	report := func(e error) {
 		if e != nil && err == nil {
@@ -91,41 +73,41 @@ func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group, contro
 		}
 	}
 	var e error
-	m.attempts, e = meter.Int64Counter(MetricAttempts, metric.WithUnit("{attempt}"),
+	m.attempts, e = meter.Int64Counter(telemetry.MetricAttempts, metric.WithUnit("{attempt}"),
 		metric.WithDescription("Attempts sent, by method, status code and whether the attempt was a retry."))
 	report(e)
-	m.delay, e = meter.Float64Histogram(MetricRetryDelay, metric.WithUnit("s"),
+	m.delay, e = meter.Float64Histogram(telemetry.MetricRetryDelay, metric.WithUnit("s"),
 		metric.WithDescription("Wait before each retry."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 	report(e)
-	m.calls, e = meter.Int64Counter(MetricCalls, metric.WithUnit("{call}"),
+	m.calls, e = meter.Int64Counter(telemetry.MetricCalls, metric.WithUnit("{call}"),
 		metric.WithDescription("Calls finished, by method and herdguard.outcome."))
 	report(e)
-	m.transitions, e = meter.Int64Counter(MetricBreakerTransitions, metric.WithUnit("{transition}"),
+	m.transitions, e = meter.Int64Counter(telemetry.MetricBreakerTransitions, metric.WithUnit("{transition}"),
 		metric.WithDescription("Circuit breaker state changes, by scope, from and to."))
 	report(e)
-	m.refusals, e = meter.Int64Counter(MetricBudgetRefusals, metric.WithUnit("{retry}"),
+	m.refusals, e = meter.Int64Counter(telemetry.MetricBudgetRefusals, metric.WithUnit("{retry}"),
 		metric.WithDescription("Retries and hedges the retry budget or throttling refused, by method and budget."))
 	report(e)
-	m.hedges, e = meter.Int64Counter(MetricHedges, metric.WithUnit("{hedge}"),
+	m.hedges, e = meter.Int64Counter(telemetry.MetricHedges, metric.WithUnit("{hedge}"),
 		metric.WithDescription("Hedges sent (attempts after a hedged call's first), by method and whether the hedge won."))
 	report(e)
-	gauge, e := meter.Int64ObservableGauge(MetricBreakerState, metric.WithUnit("1"),
+	gauge, e := meter.Int64ObservableGauge(telemetry.MetricBreakerState, metric.WithUnit("1"),
 		metric.WithDescription("Circuit breaker state per scope: 0 closed, 1 half-open, 2 open; herdguard.breaker.shared tells the replica's own breaker from the fleet's."))
 	report(e)
 	if e == nil && breakers != nil {
 		_, e = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 			breakers.Each(func(b *breaker.Breaker) {
-				o.ObserveInt64(gauge, int64(b.LastState()), metric.WithAttributes(AttrBreakerScope.String(b.Scope()), AttrBreakerShared.Bool(false)))
+				o.ObserveInt64(gauge, int64(b.LastState()), metric.WithAttributes(telemetry.AttrBreakerScope.String(b.Scope()), telemetry.AttrBreakerShared.Bool(false)))
 				if s, ok := b.FleetState(); ok {
-					o.ObserveInt64(gauge, int64(s), metric.WithAttributes(AttrBreakerScope.String(b.Scope()), AttrBreakerShared.Bool(true)))
+					o.ObserveInt64(gauge, int64(s), metric.WithAttributes(telemetry.AttrBreakerScope.String(b.Scope()), telemetry.AttrBreakerShared.Bool(true)))
 				}
 			})
 			return nil
 		}, gauge)
 		report(e)
 	}
-	m.heldFor, e = meter.Float64Histogram(MetricOverloadHeld, metric.WithUnit("s"),
+	m.heldFor, e = meter.Float64Histogram(telemetry.MetricOverloadHeld, metric.WithUnit("s"),
 		metric.WithDescription("Time attempts were held back by the overload controller, by method and whether the attempt was then shed."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 	report(e)
@@ -139,22 +121,22 @@ func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group, contro
 // rate (0 while calm), its waiting line, and the attempts it delayed and
 // shed so far.
 func (m *metering) initOverload(meter metric.Meter, controllers func(func(string, *overload.Controller))) error {
-	rate, err := meter.Float64ObservableGauge(MetricOverloadRate, metric.WithUnit("{attempt}/s"),
+	rate, err := meter.Float64ObservableGauge(telemetry.MetricOverloadRate, metric.WithUnit("{attempt}/s"),
 		metric.WithDescription("The overload controller's pace per target while it paces attempts; 0 while the target is calm."))
 	if err != nil {
 		return err
 	}
-	waiting, err := meter.Int64ObservableGauge(MetricOverloadWaiting, metric.WithUnit("{attempt}"),
+	waiting, err := meter.Int64ObservableGauge(telemetry.MetricOverloadWaiting, metric.WithUnit("{attempt}"),
 		metric.WithDescription("Attempts waiting in the overload controller's line, per target."))
 	if err != nil {
 		return err
 	}
-	delayed, err := meter.Int64ObservableCounter(MetricOverloadDelayed, metric.WithUnit("{attempt}"),
+	delayed, err := meter.Int64ObservableCounter(telemetry.MetricOverloadDelayed, metric.WithUnit("{attempt}"),
 		metric.WithDescription("Attempts the overload controller held back and then sent, per target."))
 	if err != nil {
 		return err
 	}
-	shed, err := meter.Int64ObservableCounter(MetricOverloadShed, metric.WithUnit("{attempt}"),
+	shed, err := meter.Int64ObservableCounter(telemetry.MetricOverloadShed, metric.WithUnit("{attempt}"),
 		metric.WithDescription("Attempts the overload controller shed without sending, per target."))
 	if err != nil {
 		return err
@@ -162,7 +144,7 @@ func (m *metering) initOverload(meter metric.Meter, controllers func(func(string
 	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		controllers(func(target string, c *overload.Controller) {
 			st := c.State()
-			attrs := metric.WithAttributes(AttrTarget.String(target))
+			attrs := metric.WithAttributes(telemetry.AttrTarget.String(target))
 			o.ObserveFloat64(rate, st.Rate, attrs)
 			o.ObserveInt64(waiting, int64(st.Waiting), attrs)
 			o.ObserveInt64(delayed, int64(st.Delayed), attrs)
@@ -178,7 +160,7 @@ func (m *metering) held(ctx context.Context, method string, seconds float64, she
 	if m.heldFor == nil || !m.heldFor.Enabled(ctx) {
 		return
 	}
-	m.heldFor.Record(ctx, seconds, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), AttrShed.Bool(shed)))
+	m.heldFor.Record(ctx, seconds, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), telemetry.AttrShed.Bool(shed)))
 }
 
 // attempt counts an attempt that ended with err: retry is true for every
@@ -196,7 +178,7 @@ func (m *metering) attempt(ctx context.Context, method string, err error, retry,
 	}
 	opt := m.attemptOpts.Get(attemptKey{method, code, retry, hedge}, func() metric.MeasurementOption {
 		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)),
-			semconv.RPCResponseStatusCode(canonicalCode(code)), AttrRetry.Bool(retry), AttrHedge.Bool(hedge)))
+			semconv.RPCResponseStatusCode(canonicalCode(code)), telemetry.AttrRetry.Bool(retry), telemetry.AttrHedge.Bool(hedge)))
 	})
 	m.attempts.Add(ctx, 1, opt)
 }
@@ -207,7 +189,7 @@ func (m *metering) hedge(ctx context.Context, method string, won bool) {
 		return
 	}
 	opt := m.hedgeOpts.Get(hedgeKey{method, won}, func() metric.MeasurementOption {
-		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)), AttrHedgeWon.Bool(won)))
+		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)), telemetry.AttrHedgeWon.Bool(won)))
 	})
 	m.hedges.Add(ctx, 1, opt)
 }
@@ -217,7 +199,7 @@ func (m *metering) call(ctx context.Context, method string, outcome Outcome) {
 		return
 	}
 	opt := m.callOpts.Get(callKey{method, outcome}, func() metric.MeasurementOption {
-		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)), AttrOutcome.String(string(outcome))))
+		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)), telemetry.AttrOutcome.String(string(outcome))))
 	})
 	m.calls.Add(ctx, 1, opt)
 }
@@ -236,7 +218,7 @@ func (m *metering) refusal(ctx context.Context, method, kind string) {
 	if m.refusals == nil || !m.refusals.Enabled(ctx) {
 		return
 	}
-	m.refusals.Add(ctx, 1, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), AttrBudgetKind.String(kind)))
+	m.refusals.Add(ctx, 1, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), telemetry.AttrBudgetKind.String(kind)))
 }
 
 // transition counts a breaker's state change. It runs while the breaker is
@@ -246,8 +228,8 @@ func (m *metering) transition(scope string, from, to breaker.State) {
 	if m.transitions == nil || !m.transitions.Enabled(ctx) {
 		return
 	}
-	m.transitions.Add(ctx, 1, metric.WithAttributes(AttrBreakerScope.String(scope),
-		AttrBreakerFrom.String(from.String()), AttrBreakerTo.String(to.String())))
+	m.transitions.Add(ctx, 1, metric.WithAttributes(telemetry.AttrBreakerScope.String(scope),
+		telemetry.AttrBreakerFrom.String(from.String()), telemetry.AttrBreakerTo.String(to.String())))
 }
 
 func trimSlash(method string) string {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -185,7 +187,7 @@ func TestNoHarmPartialFailuresClosedLoop(t *testing.T) {
 func TestNoHarmSerialFailingCaller(t *testing.T) {
 	unary := func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
-		if n := md.Get(AttemptMetadataKey); len(n) == 0 || n[0] == "2" {
+		if n := md.Get(wire.AttemptKey); len(n) == 0 || n[0] == "2" {
 			return nil, status.Error(codes.Unavailable, "the first two attempts fail")
 		}
 		return &testgrpc.SimpleResponse{}, nil
@@ -221,11 +223,11 @@ func handWrittenA6(ctx context.Context, method string, req, reply any, cc *grpc.
 	for attempt := 1; ; attempt++ {
 		actx := ctx
 		if attempt > 1 {
-			actx = metadata.AppendToOutgoingContext(ctx, AttemptMetadataKey, fmt.Sprint(attempt))
+			actx = metadata.AppendToOutgoingContext(ctx, wire.AttemptKey, fmt.Sprint(attempt))
 		}
 		header, trailer = nil, nil
 		err := inv(actx, method, req, reply, cc, caught...)
-		if err == nil || status.Code(err) != codes.Unavailable || attempt == 3 || header != nil || len(trailer.Get(PushbackTrailerKey)) > 0 {
+		if err == nil || status.Code(err) != codes.Unavailable || attempt == 3 || header != nil || len(trailer.Get(wire.PushbackKey)) > 0 {
 			return err
 		}
 	}

@@ -50,7 +50,7 @@ func defaultConfig() config {
 		policy:       policy.Default(),
 		clock:        realClock{},
 		rand:         rand.Float64,
-		streamBuffer: DefaultStreamBuffer,
+		streamBuffer: defaultStreamBuffer,
 		overload:     &overload.Settings{},
 	}
 }
@@ -126,7 +126,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 }
 
 // WithStreamBuffer sets how many bytes of encoded messages a stream keeps
-// for replay until it commits; DefaultStreamBuffer (256 KiB) without it. A
+// for replay until it commits; 256 KiB without it, as gRPC's own retry keeps. A
 // stream whose messages outgrow it commits and is not retried after. 0 makes
 // every stream commit at its first message.
 func WithStreamBuffer(bytes int) Option {

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -67,8 +70,8 @@ func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *over
 	}
 	if tracer != nil {
 		end := time.Now()
-		_, span := tracer.Start(ctx, SpanHeld, trace.WithTimestamp(end.Add(-held)), trace.WithAttributes(
-			AttrAttempt.Int(n), AttrHeldMS.Float64(float64(held)/float64(time.Millisecond)), AttrShed.Bool(errors.Is(err, overload.ErrShed))))
+		_, span := tracer.Start(ctx, telemetry.SpanHeld, trace.WithTimestamp(end.Add(-held)), trace.WithAttributes(
+			telemetry.AttrAttempt.Int(n), names.AttrHeldMS.Float64(float64(held)/float64(time.Millisecond)), telemetry.AttrShed.Bool(errors.Is(err, overload.ErrShed))))
 		span.End(trace.WithTimestamp(end))
 	}
 	ic.metering.held(ctx, method, held.Seconds(), errors.Is(err, overload.ErrShed))

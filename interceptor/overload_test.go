@@ -9,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
+	"github.com/herdguard/herdguard/internal/wire"
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
@@ -141,7 +145,7 @@ func TestOverloadHoldsAnAttempt(t *testing.T) {
 	}
 	var held int
 	for _, s := range rec.Ended() {
-		if s.Name() != SpanHeld {
+		if s.Name() != telemetry.SpanHeld {
 			continue
 		}
 		held++
@@ -149,7 +153,7 @@ func TestOverloadHoldsAnAttempt(t *testing.T) {
 		for _, kv := range s.Attributes() {
 			attrs[kv.Key] = kv.Value
 		}
-		if attrs[AttrHeldMS].AsFloat64() != float64(nextProbe/time.Millisecond) || attrs[AttrAttempt].AsInt64() != 1 || attrs[AttrShed].AsBool() {
+		if attrs[names.AttrHeldMS].AsFloat64() != float64(nextProbe/time.Millisecond) || attrs[telemetry.AttrAttempt].AsInt64() != 1 || attrs[telemetry.AttrShed].AsBool() {
 			t.Errorf("held span attributes %v, want %v before attempt 1, not shed", attrs, nextProbe)
 		}
 		if !s.Parent().IsValid() {
@@ -159,8 +163,8 @@ func TestOverloadHoldsAnAttempt(t *testing.T) {
 	if held != 1 {
 		t.Errorf("%d held spans, want 1", held)
 	}
-	if h, ok := collect(t, mrec, MetricOverloadHeld).(metricdata.Histogram[float64]); !ok || len(h.DataPoints) != 1 || h.DataPoints[0].Count != 1 {
-		t.Errorf("%s = %+v, want one wait", MetricOverloadHeld, h)
+	if h, ok := collect(t, mrec, telemetry.MetricOverloadHeld).(metricdata.Histogram[float64]); !ok || len(h.DataPoints) != 1 || h.DataPoints[0].Count != 1 {
+		t.Errorf("%s = %+v, want one wait", telemetry.MetricOverloadHeld, h)
 	}
 }
 
@@ -205,7 +209,7 @@ func TestOverloadShedsAttempt(t *testing.T) {
 	if st := ic.controllerFor(testserver.Target).State(); st.Shed != 1 {
 		t.Errorf("controller shed %d, want 1", st.Shed)
 	}
-	if n := sumInt(t, mrec, MetricCalls, []attribute.KeyValue{AttrOutcome.String(string(OutcomeShed))}); n != 1 {
+	if n := sumInt(t, mrec, telemetry.MetricCalls, []attribute.KeyValue{telemetry.AttrOutcome.String(string(OutcomeShed))}); n != 1 {
 		t.Errorf("calls with outcome shed = %d, want 1", n)
 	}
 }
@@ -254,7 +258,7 @@ func TestOverloadHoldsAStream(t *testing.T) {
 	}
 	held := 0
 	for _, sp := range rec.Ended() {
-		if sp.Name() == SpanHeld {
+		if sp.Name() == telemetry.SpanHeld {
 			held++
 		}
 	}
@@ -308,11 +312,11 @@ func TestOverloadRetryWaitsInLine(t *testing.T) {
 	var held []int64
 	for _, s := range rec.Ended() {
 		switch s.Name() {
-		case SpanBackoff:
+		case telemetry.SpanBackoff:
 			t.Error("a backoff span while the controller paces")
-		case SpanHeld:
+		case telemetry.SpanHeld:
 			for _, kv := range s.Attributes() {
-				if kv.Key == AttrAttempt {
+				if kv.Key == telemetry.AttrAttempt {
 					held = append(held, kv.Value.AsInt64())
 				}
 			}
@@ -328,26 +332,26 @@ func TestOverloadRetryWaitsInLine(t *testing.T) {
 func TestOverloadMetrics(t *testing.T) {
 	mrec, mp := newMetrics()
 	_, c, _ := overloaded(t, 3, WithMeterProvider(mp))
-	rate, ok := collect(t, mrec, MetricOverloadRate).(metricdata.Gauge[float64])
+	rate, ok := collect(t, mrec, telemetry.MetricOverloadRate).(metricdata.Gauge[float64])
 	if want := float64(time.Second / nextProbe); !ok || len(rate.DataPoints) != 1 || rate.DataPoints[0].Value != want {
-		t.Fatalf("%s = %+v, want one target at a probe per %v (%v/s)", MetricOverloadRate, rate, nextProbe, want)
+		t.Fatalf("%s = %+v, want one target at a probe per %v (%v/s)", telemetry.MetricOverloadRate, rate, nextProbe, want)
 	}
-	if v, _ := rate.DataPoints[0].Attributes.Value(AttrTarget); v.AsString() != testserver.Target {
+	if v, _ := rate.DataPoints[0].Attributes.Value(telemetry.AttrTarget); v.AsString() != testserver.Target {
 		t.Errorf("rate's target = %q, want %q", v.AsString(), testserver.Target)
 	}
 	if err := call(t, c); err != nil { // held for the probe
 		t.Fatal(err)
 	}
-	delayed, ok := collect(t, mrec, MetricOverloadDelayed).(metricdata.Sum[int64])
+	delayed, ok := collect(t, mrec, telemetry.MetricOverloadDelayed).(metricdata.Sum[int64])
 	if !ok || len(delayed.DataPoints) != 1 || delayed.DataPoints[0].Value != 1 {
-		t.Errorf("%s = %+v, want 1", MetricOverloadDelayed, delayed)
+		t.Errorf("%s = %+v, want 1", telemetry.MetricOverloadDelayed, delayed)
 	}
-	waiting, ok := collect(t, mrec, MetricOverloadWaiting).(metricdata.Gauge[int64])
+	waiting, ok := collect(t, mrec, telemetry.MetricOverloadWaiting).(metricdata.Gauge[int64])
 	if !ok || len(waiting.DataPoints) != 1 || waiting.DataPoints[0].Value != 0 {
-		t.Errorf("%s = %+v, want 0", MetricOverloadWaiting, waiting)
+		t.Errorf("%s = %+v, want 0", telemetry.MetricOverloadWaiting, waiting)
 	}
-	if shed, ok := collect(t, mrec, MetricOverloadShed).(metricdata.Sum[int64]); !ok || len(shed.DataPoints) != 1 || shed.DataPoints[0].Value != 0 {
-		t.Errorf("%s = %+v, want 0", MetricOverloadShed, shed)
+	if shed, ok := collect(t, mrec, telemetry.MetricOverloadShed).(metricdata.Sum[int64]); !ok || len(shed.DataPoints) != 1 || shed.DataPoints[0].Value != 0 {
+		t.Errorf("%s = %+v, want 0", telemetry.MetricOverloadShed, shed)
 	}
 }
 
@@ -804,7 +808,7 @@ func TestOverloadHedgesCountAsSent(t *testing.T) {
 	srv := testserver.Start(t, &testserver.Server{
 		ServerStream: func(_ *grpc_testing.StreamingOutputCallRequest, ss grpc_testing.TestService_StreamingOutputCallServer) error {
 			md, _ := metadata.FromIncomingContext(ss.Context())
-			if len(md.Get(AttemptMetadataKey)) > 0 {
+			if len(md.Get(wire.AttemptKey)) > 0 {
 				return status.Error(codes.Unavailable, "shed")
 			}
 			select { // the hedge's refusal cancels it

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -988,8 +990,8 @@ func TestRegressThrottlingMatchesGRPC(t *testing.T) {
 		stops       = 5
 	)
 	trailers := map[string]metadata.MD{
-		"negative pushback":   {PushbackTrailerKey: {"-1"}},
-		"two pushback values": {PushbackTrailerKey: {"10", "20"}},
+		"negative pushback":   {wire.PushbackKey: {"-1"}},
+		"two pushback values": {wire.PushbackKey: {"10", "20"}},
 	}
 	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, r *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 		if md := trailers[string(r.GetPayload().GetBody())]; md != nil {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -50,7 +52,7 @@ type decision struct {
 	outcome Outcome
 	err     error
 	// gaveUpBelow: the call stops on a "do not retry" pushback that came
-	// with GaveUpTrailerKey (a layer below gave up).
+	// with the herdguard-gave-up trailer (a layer below gave up).
 	gaveUpBelow bool
 }
 
@@ -227,15 +229,15 @@ func contextOutcome(err error) Outcome {
 	return OutcomeCanceled
 }
 
+// gaveUpBelow reports whether a trailer whose pushback says do not retry
+// also says that a layer below gave up (the herdguard-gave-up trailer): the breaker
+// does not count such a call.
+func gaveUpBelow(md metadata.MD) bool { return len(md.Get(wire.GaveUpKey)) > 0 }
+
 // pushback reads the server's retry pushback from a trailer. present is
 // false when there is none; ok is false when it says not to retry.
-// gaveUpBelow reports whether a trailer whose pushback says do not retry
-// also says that a layer below gave up (GaveUpTrailerKey): the breaker
-// does not count such a call.
-func gaveUpBelow(md metadata.MD) bool { return len(md.Get(GaveUpTrailerKey)) > 0 }
-
 func pushback(md metadata.MD) (wait time.Duration, ok, present bool) {
-	vals := md.Get(PushbackTrailerKey)
+	vals := md.Get(wire.PushbackKey)
 	if len(vals) == 0 {
 		return 0, false, false
 	}

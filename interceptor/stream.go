@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
+
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -24,9 +26,9 @@ import (
 	"github.com/herdguard/herdguard/overload"
 )
 
-// DefaultStreamBuffer is how many bytes of sent messages a stream keeps for
+// defaultStreamBuffer is how many bytes of sent messages a stream keeps for
 // replay until it commits: 256 KiB, as gRPC's own retry keeps.
-const DefaultStreamBuffer = 256 << 10
+const defaultStreamBuffer = 256 << 10
 
 // frameHeader is the length prefix gRPC puts before every message; the
 // replay buffer counts it, as gRPC's own does.
@@ -106,7 +108,7 @@ type retryStream struct {
 	err          error // the final error once finished; nil: ended OK
 	outcome      Outcome
 	idleDeadline bool // the deadline ran out while no attempt was in flight
-	gaveUpBelow  bool // it stopped on a "do not retry" from a layer below that gave up (GaveUpTrailerKey)
+	gaveUpBelow  bool // it stopped on a "do not retry" from a layer below that gave up (the herdguard-gave-up trailer)
 	// breakerDone hears the stream's verdict, once: when the server first
 	// answers, or when the stream ends. nil without a breaker or once told.
 	breakerDone  func(herdguard.Verdict)
@@ -1108,19 +1110,19 @@ func (s *retryStream) endSpan(err error) {
 	}
 	s.mu.Lock()
 	s.span.SetAttributes(
-		AttrStreamSent.Int64(s.sent),
-		AttrStreamReceived.Int64(s.received),
-		AttrStreamReplayedMessages.Int64(s.replayed),
-		AttrStreamReplayedBytes.Int64(s.replayedSz),
-		AttrStreamOverflow.Bool(s.overflow),
+		names.AttrStreamSent.Int64(s.sent),
+		names.AttrStreamReceived.Int64(s.received),
+		names.AttrStreamReplayedMessages.Int64(s.replayed),
+		names.AttrStreamReplayedBytes.Int64(s.replayedSz),
+		names.AttrStreamOverflow.Bool(s.overflow),
 	)
 	if s.probe {
-		s.span.SetAttributes(AttrBreakerProbe.Bool(true))
+		s.span.SetAttributes(names.AttrBreakerProbe.Bool(true))
 	}
 	if h := s.hedge; h != nil {
-		s.span.SetAttributes(AttrHedges.Int(max(s.attempts-1, 0))) // 0 attempts: none sent
+		s.span.SetAttributes(names.AttrHedges.Int(max(s.attempts-1, 0))) // 0 attempts: none sent
 		if h.winner > 0 {
-			s.span.SetAttributes(AttrHedgeWinner.Int(h.winner))
+			s.span.SetAttributes(names.AttrHedgeWinner.Int(h.winner))
 		}
 	}
 	attempts, outcome := s.attempts, s.outcome

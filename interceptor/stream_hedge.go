@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/herdguard/herdguard/telemetry"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -127,7 +129,7 @@ func (s *retryStream) readyHedgeLocked() *streamAttempt {
 	ctx, a.cancel = context.WithCancelCause(ctx)
 	if s.tracer != nil {
 		ctx, a.span = startAttempt(ctx, s.tracer, s.method, a.n)
-		a.span.SetAttributes(AttrHedge.Bool(true))
+		a.span.SetAttributes(telemetry.AttrHedge.Bool(true))
 	}
 	a.openCtx = ctx
 	s.hedge.opening = append(s.hedge.opening, a)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -283,7 +285,7 @@ func TestHedgedStreamNonFatalAndFatal(t *testing.T) {
 		sc := newStreamScript()
 		for n := 1; n <= 2; n++ {
 			sc.on(n, func(ss grpc.ServerStream) error {
-				ss.SetTrailer(metadata.Pairs(PushbackTrailerKey, "10"))
+				ss.SetTrailer(metadata.Pairs(wire.PushbackKey, "10"))
 				return status.Error(codes.Unavailable, fmt.Sprint("down ", n))
 			})
 		}
@@ -630,7 +632,7 @@ func TestHedgedStreamContextCommits(t *testing.T) {
 	t.Run("waiting for a pushback", func(t *testing.T) {
 		sc := newStreamScript()
 		sc.on(1, func(ss grpc.ServerStream) error {
-			ss.SetTrailer(metadata.Pairs(PushbackTrailerKey, "1000"))
+			ss.SetTrailer(metadata.Pairs(wire.PushbackKey, "1000"))
 			return status.Error(codes.Unavailable, "down")
 		})
 		sc.on(2, sendWords("x"))
@@ -766,7 +768,7 @@ func TestHedgedStreamOverflowAfterAllFailedEndsWithTheLast(t *testing.T) {
 	sc := newStreamScript()
 	sc.on(1, func(grpc.ServerStream) error { return status.Error(codes.Unavailable, "down 1") })
 	sc.on(2, func(ss grpc.ServerStream) error {
-		ss.SetTrailer(metadata.Pairs(PushbackTrailerKey, "1000"))
+		ss.SetTrailer(metadata.Pairs(wire.PushbackKey, "1000"))
 		return status.Error(codes.Unavailable, "down 2")
 	})
 	srv, clk := startStreamScript(t, sc), newManualClock()
@@ -796,7 +798,7 @@ func gateAttempt(n int) (grpc.StreamClientInterceptor, chan struct{}, chan struc
 	entered, release := make(chan struct{}), make(chan struct{})
 	want := fmt.Sprint(n)
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		if md, _ := metadata.FromOutgoingContext(ctx); slices.Contains(md.Get(AttemptMetadataKey), want) {
+		if md, _ := metadata.FromOutgoingContext(ctx); slices.Contains(md.Get(wire.AttemptKey), want) {
 			close(entered)
 			select {
 			case <-release:
@@ -816,7 +818,7 @@ func TestHedgedStreamPushbackOutlastsAnOpeningHedge(t *testing.T) {
 	fail1 := make(chan struct{})
 	sc.on(1, func(ss grpc.ServerStream) error {
 		<-fail1
-		ss.SetTrailer(metadata.Pairs(PushbackTrailerKey, "1000"))
+		ss.SetTrailer(metadata.Pairs(wire.PushbackKey, "1000"))
 		return status.Error(codes.Unavailable, "down 1")
 	})
 	srv, clk := startStreamScript(t, sc), newManualClock()

@@ -12,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
+	"github.com/herdguard/herdguard/internal/wire"
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -28,7 +32,7 @@ import (
 // attempt, else the herdguard-attempt metadata.
 func attemptOf(ctx context.Context) int {
 	md, _ := metadata.FromIncomingContext(ctx)
-	if v := md.Get(AttemptMetadataKey); len(v) > 0 {
+	if v := md.Get(wire.AttemptKey); len(v) > 0 {
 		n, _ := strconv.Atoi(v[0])
 		return n
 	}
@@ -281,16 +285,16 @@ func TestStreamBufferOverflowCommits(t *testing.T) {
 			}
 			a := attrs(cs[0])
 			overflow := tt.attempt == 1
-			if a[AttrStreamOverflow].AsBool() != overflow || a[AttrStreamSent].AsInt64() != 3 {
-				t.Errorf("overflow=%v sent=%d, want %v and 3", a[AttrStreamOverflow].AsBool(), a[AttrStreamSent].AsInt64(), overflow)
+			if a[names.AttrStreamOverflow].AsBool() != overflow || a[names.AttrStreamSent].AsInt64() != 3 {
+				t.Errorf("overflow=%v sent=%d, want %v and 3", a[names.AttrStreamOverflow].AsBool(), a[names.AttrStreamSent].AsInt64(), overflow)
 			}
 			wantOutcome := OutcomeExhausted
 			if overflow {
 				wantOutcome = OutcomeFailedAfterCommit
-			} else if got := a[AttrStreamReplayedMessages].AsInt64(); got != 6 {
+			} else if got := a[names.AttrStreamReplayedMessages].AsInt64(); got != 6 {
 				t.Errorf("replayed %d messages, want 6 (3 on each of 2 retries)", got)
 			}
-			if got := a[AttrOutcome].AsString(); got != string(wantOutcome) {
+			if got := a[telemetry.AttrOutcome].AsString(); got != string(wantOutcome) {
 				t.Errorf("outcome %q, want %q", got, wantOutcome)
 			}
 		})
@@ -437,18 +441,18 @@ func TestStreamSpanTree(t *testing.T) {
 	}
 	a := attrs(calls[0])
 	for k, want := range map[attribute.Key]any{
-		AttrAttempts: int64(2), AttrOutcome: "ok", "rpc.response.status_code": "OK",
-		AttrStreamSent: int64(1), AttrStreamReceived: int64(2),
-		AttrStreamReplayedMessages: int64(1), AttrStreamOverflow: false,
+		telemetry.AttrAttempts: int64(2), telemetry.AttrOutcome: "ok", "rpc.response.status_code": "OK",
+		names.AttrStreamSent: int64(1), names.AttrStreamReceived: int64(2),
+		names.AttrStreamReplayedMessages: int64(1), names.AttrStreamOverflow: false,
 	} {
 		if got := a[k].AsInterface(); got != want {
 			t.Errorf("call span %s = %v, want %v", k, got, want)
 		}
 	}
-	if got, want := a[AttrStreamReplayedBytes].AsInt64(), int64(9); got != want {
+	if got, want := a[names.AttrStreamReplayedBytes].AsInt64(), int64(9); got != want {
 		t.Errorf("replayed bytes %d, want %d (the request's encoded size)", got, want)
 	}
-	attempts, backoffs := spansNamed(spans, SpanAttempt), spansNamed(spans, SpanBackoff)
+	attempts, backoffs := spansNamed(spans, telemetry.SpanAttempt), spansNamed(spans, telemetry.SpanBackoff)
 	if len(attempts) != 2 || len(backoffs) != 1 {
 		t.Fatalf("%d attempts, %d backoffs; want 2 and 1", len(attempts), len(backoffs))
 	}
@@ -460,7 +464,7 @@ func TestStreamSpanTree(t *testing.T) {
 	if got := attrs(attempts[0])["rpc.response.status_code"].AsString(); got != "UNAVAILABLE" {
 		t.Errorf("first attempt status %q", got)
 	}
-	if got := attrs(backoffs[0])[AttrBackoffDelayMS].AsFloat64(); got != 10 {
+	if got := attrs(backoffs[0])[names.AttrBackoffDelayMS].AsFloat64(); got != 10 {
 		t.Errorf("backoff %v ms, want 10", got)
 	}
 }
@@ -495,7 +499,7 @@ func TestAbandonedStreamEndsItsSpan(t *testing.T) {
 		time.Sleep(ms)
 	}
 	cs := spansNamed(rec.Ended(), "grpc.testing.TestService/StreamingOutputCall")[0]
-	if got := attrs(cs)[AttrOutcome].AsString(); got != string(OutcomeCanceled) {
+	if got := attrs(cs)[telemetry.AttrOutcome].AsString(); got != string(OutcomeCanceled) {
 		t.Errorf("outcome %q, want canceled", got)
 	}
 	if got := ic.Breakers().Get(testserver.Target, "").State(); got != breaker.Closed {
@@ -661,19 +665,19 @@ func TestStreamBreakerEvents(t *testing.T) {
 	if len(cs) != 2 {
 		t.Fatalf("%d call spans, want 2", len(cs))
 	}
-	if ev := cs[0].Events(); len(ev) != 1 || ev[0].Name != EventBreakerStateChange {
-		t.Errorf("tripping stream's events %v, want one %s", ev, EventBreakerStateChange)
+	if ev := cs[0].Events(); len(ev) != 1 || ev[0].Name != names.EventBreakerStateChange {
+		t.Errorf("tripping stream's events %v, want one %s", ev, names.EventBreakerStateChange)
 	} else {
 		got := map[attribute.Key]string{}
 		for _, kv := range ev[0].Attributes {
 			got[kv.Key] = kv.Value.AsString()
 		}
-		if got[AttrBreakerFrom] != "closed" || got[AttrBreakerTo] != "open" {
+		if got[telemetry.AttrBreakerFrom] != "closed" || got[telemetry.AttrBreakerTo] != "open" {
 			t.Errorf("state change %v, want closed -> open", got)
 		}
 	}
-	if ev := cs[1].Events(); len(ev) != 1 || ev[0].Name != EventBreakerRejected {
-		t.Errorf("refused stream's events %v, want one %s", ev, EventBreakerRejected)
+	if ev := cs[1].Events(); len(ev) != 1 || ev[0].Name != names.EventBreakerRejected {
+		t.Errorf("refused stream's events %v, want one %s", ev, names.EventBreakerRejected)
 	}
 }
 
@@ -684,7 +688,7 @@ func TestReplayBufferAllocations(t *testing.T) {
 	m := &testgrpc.StreamingInputCallRequest{Payload: payload("0123456789")}
 	for _, n := range []int{1, 100} {
 		allocs := testing.AllocsPerRun(50, func() {
-			s := &retryStream{limit: DefaultStreamBuffer}
+			s := &retryStream{limit: defaultStreamBuffer}
 			for range n {
 				s.bufferLocked(m)
 			}

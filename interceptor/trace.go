@@ -7,6 +7,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/herdguard/herdguard/internal/names"
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
@@ -20,49 +23,6 @@ import (
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
-)
-
-// Names of the spans, attributes and events that herdguard records. The
-// rpc.* attributes are the semconv package's.
-const (
-	// ScopeName is the instrumentation scope of herdguard's tracer.
-	ScopeName = "github.com/herdguard/herdguard/interceptor"
-	// Version is herdguard's version, recorded with the instrumentation scope.
-	Version = "0.1.0"
-
-	SpanAttempt = "attempt"
-	SpanBackoff = "backoff"
-	// SpanHeld is the time an attempt was held back by the overload
-	// controller before it was sent, or shed.
-	SpanHeld = "held"
-
-	AttrAttempts       = attribute.Key("herdguard.attempts")
-	AttrOutcome        = attribute.Key("herdguard.outcome")
-	AttrAttempt        = attribute.Key("herdguard.attempt")
-	AttrBackoffDelayMS = attribute.Key("herdguard.backoff.delay_ms")
-	AttrBackoffJitter  = attribute.Key("herdguard.backoff.jitter")
-	AttrHeldMS         = attribute.Key("herdguard.held.delay_ms") // how long an attempt was held back
-	AttrShed           = attribute.Key("herdguard.shed")          // the held attempt was shed, not sent
-	AttrBreakerScope   = attribute.Key("herdguard.breaker.scope")
-	AttrBreakerState   = attribute.Key("herdguard.breaker.state")
-	AttrBreakerFrom    = attribute.Key("herdguard.breaker.from")
-	AttrBreakerTo      = attribute.Key("herdguard.breaker.to")
-	AttrBreakerProbe   = attribute.Key("herdguard.breaker.probe")
-	AttrBreakerShared  = attribute.Key("herdguard.breaker.shared") // the fleet's shared breaker, not the replica's own
-
-	AttrHedge       = attribute.Key("herdguard.hedge")        // an attempt that was a hedge
-	AttrHedgeWon    = attribute.Key("herdguard.hedge.won")    // the attempt whose answer the caller got
-	AttrHedges      = attribute.Key("herdguard.hedges")       // hedges a call sent
-	AttrHedgeWinner = attribute.Key("herdguard.hedge.winner") // the number of the attempt that answered
-
-	AttrStreamSent             = attribute.Key("herdguard.stream.messages_sent")
-	AttrStreamReceived         = attribute.Key("herdguard.stream.messages_received")
-	AttrStreamReplayedMessages = attribute.Key("herdguard.stream.replayed_messages")
-	AttrStreamReplayedBytes    = attribute.Key("herdguard.stream.replayed_bytes")
-	AttrStreamOverflow         = attribute.Key("herdguard.stream.buffer_overflow")
-
-	EventBreakerRejected    = "herdguard.breaker.rejected"
-	EventBreakerStateChange = "herdguard.breaker.state_change"
 )
 
 // tracing holds the tracer, made once in New from the tracer provider given,
@@ -87,7 +47,7 @@ func (t *tracing) init(tp trace.TracerProvider) {
 	case noop.TracerProvider, *noop.TracerProvider:
 		return
 	}
-	t.tr = tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version))
+	t.tr = tp.Tracer(telemetry.ScopeName, trace.WithInstrumentationVersion(telemetry.Version))
 	if comparable(tp) && tp == initialGlobal && !initialMakesSpans && tp == otel.GetTracerProvider() {
 		t.unset = tp
 	}
@@ -102,7 +62,7 @@ func (t *tracing) init(tp trace.TracerProvider) {
 // when New asked, each New sent one to the user's backend.
 var (
 	initialGlobal     = otel.GetTracerProvider()
-	initialMakesSpans = !comparable(initialGlobal) || makesSpans(initialGlobal.Tracer(ScopeName))
+	initialMakesSpans = !comparable(initialGlobal) || makesSpans(initialGlobal.Tracer(telemetry.ScopeName))
 )
 
 // tracer returns the tracer of this call, or nil when tracing is off.
@@ -214,8 +174,8 @@ func isScheme(s string) bool {
 func endCall(span trace.Span, attempts int, outcome Outcome, code codes.Code, msg string) {
 	name := canonicalCode(code)
 	span.SetAttributes(
-		AttrAttempts.Int(attempts),
-		AttrOutcome.String(string(outcome)),
+		telemetry.AttrAttempts.Int(attempts),
+		telemetry.AttrOutcome.String(string(outcome)),
 		semconv.RPCResponseStatusCode(name),
 	)
 	if code != codes.OK {
@@ -227,7 +187,7 @@ func endCall(span trace.Span, attempts int, outcome Outcome, code codes.Code, ms
 
 // startAttempt starts the span of attempt number attempt of a call to method.
 func startAttempt(ctx context.Context, tr trace.Tracer, method string, attempt int) (context.Context, trace.Span) {
-	return tr.Start(ctx, SpanAttempt, trace.WithAttributes(semconv.RPCMethod(trimSlash(method)), AttrAttempt.Int(attempt)))
+	return tr.Start(ctx, telemetry.SpanAttempt, trace.WithAttributes(semconv.RPCMethod(trimSlash(method)), telemetry.AttrAttempt.Int(attempt)))
 }
 
 // attemptEnded counts attempt n of a call to method, which ended with err,
@@ -240,7 +200,7 @@ func (ic *Interceptor) attemptEnded(ctx context.Context, method string, span tra
 	}
 	if span != nil {
 		if won {
-			span.SetAttributes(AttrHedgeWon.Bool(true))
+			span.SetAttributes(telemetry.AttrHedgeWon.Bool(true))
 		}
 		st := status.Convert(err)
 		endAttempt(span, st.Code(), st.Message())
@@ -258,22 +218,22 @@ func endAttempt(span trace.Span, code codes.Code, msg string) {
 }
 
 func startBackoff(ctx context.Context, tr trace.Tracer, next int, delayMS float64, jitter string) trace.Span {
-	_, span := tr.Start(ctx, SpanBackoff, trace.WithAttributes(
-		AttrAttempt.Int(next),
-		AttrBackoffDelayMS.Float64(delayMS),
-		AttrBackoffJitter.String(jitter),
+	_, span := tr.Start(ctx, telemetry.SpanBackoff, trace.WithAttributes(
+		telemetry.AttrAttempt.Int(next),
+		names.AttrBackoffDelayMS.Float64(delayMS),
+		names.AttrBackoffJitter.String(jitter),
 	))
 	return span
 }
 
 func breakerRejected(span trace.Span, err *breaker.OpenError) {
-	span.AddEvent(EventBreakerRejected, trace.WithAttributes(
-		AttrBreakerScope.String(err.Scope), AttrBreakerState.String(err.State.String()), AttrBreakerShared.Bool(err.Shared)))
+	span.AddEvent(names.EventBreakerRejected, trace.WithAttributes(
+		telemetry.AttrBreakerScope.String(err.Scope), names.AttrBreakerState.String(err.State.String()), telemetry.AttrBreakerShared.Bool(err.Shared)))
 }
 
 func breakerChanged(span trace.Span, scope string, from, to breaker.State) {
-	span.AddEvent(EventBreakerStateChange, trace.WithAttributes(
-		AttrBreakerScope.String(scope), AttrBreakerFrom.String(from.String()), AttrBreakerTo.String(to.String())))
+	span.AddEvent(names.EventBreakerStateChange, trace.WithAttributes(
+		telemetry.AttrBreakerScope.String(scope), telemetry.AttrBreakerFrom.String(from.String()), telemetry.AttrBreakerTo.String(to.String())))
 }
 
 // canonicalCode returns the status code's name as gRPC's spec spells it,

@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
+	"github.com/herdguard/herdguard/internal/wire"
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -51,7 +55,7 @@ func spansNamed(spans []sdktrace.ReadOnlySpan, name string) []sdktrace.ReadOnlyS
 func TestSpanTree(t *testing.T) {
 	rec, tp := newRecorder()
 	sc := fail(codes.Unavailable, codes.Unavailable, codes.OK)
-	sc.trailers = map[int]metadata.MD{1: metadata.Pairs(PushbackTrailerKey, "30")}
+	sc.trailers = map[int]metadata.MD{1: metadata.Pairs(wire.PushbackKey, "30")}
 	_, c, _, _ := setup(t, sc, WithTracerProvider(tp), WithPolicy(tablePolicy))
 	if err := call(t, c); err != nil {
 		t.Fatal(err)
@@ -70,18 +74,18 @@ func TestSpanTree(t *testing.T) {
 		"rpc.system.name":          "grpc",
 		"rpc.method":               "grpc.testing.TestService/UnaryCall",
 		"rpc.response.status_code": "OK",
-		AttrAttempts:               int64(3),
-		AttrOutcome:                "ok",
+		telemetry.AttrAttempts:     int64(3),
+		telemetry.AttrOutcome:      "ok",
 	} {
 		if got := a[k].AsInterface(); got != want {
 			t.Errorf("call span %s = %v, want %v", k, got, want)
 		}
 	}
-	if cs.InstrumentationScope().Name != ScopeName || cs.InstrumentationScope().Version != Version {
+	if cs.InstrumentationScope().Name != telemetry.ScopeName || cs.InstrumentationScope().Version != telemetry.Version {
 		t.Errorf("instrumentation scope %+v", cs.InstrumentationScope())
 	}
 
-	attempts, backoffs := spansNamed(spans, SpanAttempt), spansNamed(spans, SpanBackoff)
+	attempts, backoffs := spansNamed(spans, telemetry.SpanAttempt), spansNamed(spans, telemetry.SpanBackoff)
 	if len(attempts) != 3 || len(backoffs) != 2 {
 		t.Fatalf("%d attempt and %d backoff spans, want 3 and 2", len(attempts), len(backoffs))
 	}
@@ -91,8 +95,8 @@ func TestSpanTree(t *testing.T) {
 			t.Errorf("attempt %d is not a child of the call span", i+1)
 		}
 		a := attrs(s)
-		if got := a[AttrAttempt].AsInt64(); got != int64(i+1) {
-			t.Errorf("attempt span %d has %s = %d", i+1, AttrAttempt, got)
+		if got := a[telemetry.AttrAttempt].AsInt64(); got != int64(i+1) {
+			t.Errorf("attempt span %d has %s = %d", i+1, telemetry.AttrAttempt, got)
 		}
 		if got := a["rpc.response.status_code"].AsString(); got != wantCodes[i] {
 			t.Errorf("attempt %d status %q, want %q", i+1, got, wantCodes[i])
@@ -108,9 +112,9 @@ func TestSpanTree(t *testing.T) {
 			t.Errorf("backoff %d is not a child of the call span", i+1)
 		}
 		a, w := attrs(s), wantBackoff[i]
-		if a[AttrAttempt].AsInt64() != w.next || a[AttrBackoffDelayMS].AsFloat64() != w.ms || a[AttrBackoffJitter].AsString() != w.jitter {
+		if a[telemetry.AttrAttempt].AsInt64() != w.next || a[names.AttrBackoffDelayMS].AsFloat64() != w.ms || a[names.AttrBackoffJitter].AsString() != w.jitter {
 			t.Errorf("backoff %d: attempt %v, delay %v ms, jitter %v; want %d, %v, %q", i+1,
-				a[AttrAttempt].AsInt64(), a[AttrBackoffDelayMS].AsFloat64(), a[AttrBackoffJitter].AsString(), w.next, w.ms, w.jitter)
+				a[telemetry.AttrAttempt].AsInt64(), a[names.AttrBackoffDelayMS].AsFloat64(), a[names.AttrBackoffJitter].AsString(), w.next, w.ms, w.jitter)
 		}
 	}
 	// attempt 1 ends before backoff 1 starts, which ends before attempt 2
@@ -132,7 +136,7 @@ func TestSpanOutcomes(t *testing.T) {
 		{"not retryable", fail(codes.NotFound), nil, OutcomeNotRetryable, "NOT_FOUND", 1},
 		{"pushback stop", func() *script {
 			s := fail(codes.Unavailable)
-			s.trailers = map[int]metadata.MD{0: metadata.Pairs(PushbackTrailerKey, "-1")}
+			s.trailers = map[int]metadata.MD{0: metadata.Pairs(wire.PushbackKey, "-1")}
 			return s
 		}(), nil, OutcomePushbackStop, "UNAVAILABLE", 1},
 	}
@@ -146,9 +150,9 @@ func TestSpanOutcomes(t *testing.T) {
 				t.Fatalf("%d call spans", len(cs))
 			}
 			a := attrs(cs[0])
-			if a[AttrOutcome].AsString() != string(tt.outcome) || a["rpc.response.status_code"].AsString() != tt.code || a[AttrAttempts].AsInt64() != tt.n {
-				t.Errorf("outcome %q code %q attempts %d; want %q %q %d", a[AttrOutcome].AsString(),
-					a["rpc.response.status_code"].AsString(), a[AttrAttempts].AsInt64(), tt.outcome, tt.code, tt.n)
+			if a[telemetry.AttrOutcome].AsString() != string(tt.outcome) || a["rpc.response.status_code"].AsString() != tt.code || a[telemetry.AttrAttempts].AsInt64() != tt.n {
+				t.Errorf("outcome %q code %q attempts %d; want %q %q %d", a[telemetry.AttrOutcome].AsString(),
+					a["rpc.response.status_code"].AsString(), a[telemetry.AttrAttempts].AsInt64(), tt.outcome, tt.code, tt.n)
 			}
 			if cs[0].Status().Code.String() != "Error" {
 				t.Errorf("span status %v, want Error", cs[0].Status())
@@ -171,10 +175,10 @@ func TestSpanDeadlineAndCancelOutcomes(t *testing.T) {
 	if len(cs) != 2 {
 		t.Fatalf("%d call spans, want 2", len(cs))
 	}
-	if got := attrs(cs[0])[AttrOutcome].AsString(); got != string(OutcomeDeadline) {
+	if got := attrs(cs[0])[telemetry.AttrOutcome].AsString(); got != string(OutcomeDeadline) {
 		t.Errorf("outcome %q, want deadline", got)
 	}
-	if got := attrs(cs[1])[AttrOutcome].AsString(); got != string(OutcomeCanceled) {
+	if got := attrs(cs[1])[telemetry.AttrOutcome].AsString(); got != string(OutcomeCanceled) {
 		t.Errorf("outcome %q, want canceled", got)
 	}
 }
@@ -189,24 +193,24 @@ func TestSpanBreakerEvents(t *testing.T) {
 		t.Fatalf("%d call spans, want 2", len(cs))
 	}
 	ev := cs[0].Events()
-	if len(ev) != 1 || ev[0].Name != EventBreakerStateChange {
-		t.Fatalf("tripping call's events %v, want one %s", ev, EventBreakerStateChange)
+	if len(ev) != 1 || ev[0].Name != names.EventBreakerStateChange {
+		t.Fatalf("tripping call's events %v, want one %s", ev, names.EventBreakerStateChange)
 	}
 	got := map[attribute.Key]string{}
 	for _, kv := range ev[0].Attributes {
 		got[kv.Key] = kv.Value.AsString()
 	}
-	if got[AttrBreakerFrom] != "closed" || got[AttrBreakerTo] != "open" || got[AttrBreakerScope] != testserver.Target {
+	if got[telemetry.AttrBreakerFrom] != "closed" || got[telemetry.AttrBreakerTo] != "open" || got[telemetry.AttrBreakerScope] != testserver.Target {
 		t.Errorf("state change event %v", got)
 	}
-	if ev := cs[1].Events(); len(ev) != 1 || ev[0].Name != EventBreakerRejected {
-		t.Errorf("refused call's events %v, want one %s", ev, EventBreakerRejected)
+	if ev := cs[1].Events(); len(ev) != 1 || ev[0].Name != names.EventBreakerRejected {
+		t.Errorf("refused call's events %v, want one %s", ev, names.EventBreakerRejected)
 	}
 	a := attrs(cs[1])
-	if a[AttrOutcome].AsString() != string(OutcomeBreakerOpen) || a[AttrAttempts].AsInt64() != 0 {
-		t.Errorf("refused call: outcome %q attempts %d, want breaker_open and 0", a[AttrOutcome].AsString(), a[AttrAttempts].AsInt64())
+	if a[telemetry.AttrOutcome].AsString() != string(OutcomeBreakerOpen) || a[telemetry.AttrAttempts].AsInt64() != 0 {
+		t.Errorf("refused call: outcome %q attempts %d, want breaker_open and 0", a[telemetry.AttrOutcome].AsString(), a[telemetry.AttrAttempts].AsInt64())
 	}
-	if n := len(spansNamed(rec.Ended(), SpanAttempt)); n != 3 {
+	if n := len(spansNamed(rec.Ended(), telemetry.SpanAttempt)); n != 3 {
 		t.Errorf("%d attempt spans, want 3 (the refused call sends none)", n)
 	}
 }
@@ -225,13 +229,13 @@ func TestOtelgrpcSpansNestUnderAttempts(t *testing.T) {
 		t.Fatal(err)
 	}
 	spans := rec.Ended()
-	attempts := spansNamed(spans, SpanAttempt)
+	attempts := spansNamed(spans, telemetry.SpanAttempt)
 	if len(attempts) != 2 {
 		t.Fatalf("%d attempt spans, want 2", len(attempts))
 	}
 	var nested int
 	for _, s := range spans {
-		if s.InstrumentationScope().Name == ScopeName {
+		if s.InstrumentationScope().Name == telemetry.ScopeName {
 			continue
 		}
 		for _, a := range attempts {
@@ -407,7 +411,7 @@ func TestSpanRPCAttributes(t *testing.T) {
 			t.Errorf("call span %d: error.type %v (set: %v), want %q", i, got.AsString(), ok, wantErr)
 		}
 	}
-	attempts := spansNamed(spans, SpanAttempt)
+	attempts := spansNamed(spans, telemetry.SpanAttempt)
 	if len(attempts) != 4 {
 		t.Fatalf("%d attempt spans, want 4", len(attempts))
 	}
@@ -519,8 +523,8 @@ func TestHedgedStreamWithoutAttemptsReportsNoHedges(t *testing.T) {
 		t.Fatalf("%d call spans, want 1", len(calls))
 	}
 	a := attrs(calls[0])
-	if v := a[AttrHedges]; v.AsInt64() != 0 || a[AttrAttempts].AsInt64() != 0 {
-		t.Errorf("call span %s = %d, %s = %d; want 0 and 0", AttrHedges, v.AsInt64(), AttrAttempts, a[AttrAttempts].AsInt64())
+	if v := a[names.AttrHedges]; v.AsInt64() != 0 || a[telemetry.AttrAttempts].AsInt64() != 0 {
+		t.Errorf("call span %s = %d, %s = %d; want 0 and 0", names.AttrHedges, v.AsInt64(), telemetry.AttrAttempts, a[telemetry.AttrAttempts].AsInt64())
 	}
 }
 

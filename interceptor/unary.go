@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
+
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -16,24 +18,6 @@ import (
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/overload"
 )
-
-// AttemptMetadataKey is the metadata key that carries the attempt number on
-// every retry ("2", "3", ...). The first attempt carries none, so a server
-// can tell retries from first sends.
-const AttemptMetadataKey = "herdguard-attempt"
-
-// PushbackTrailerKey is the trailer by which a server tells the client how
-// many milliseconds to wait before retrying (gRFC A6). A negative or
-// malformed value means: do not retry.
-const PushbackTrailerKey = "grpc-retry-pushback-ms"
-
-// GaveUpTrailerKey is the trailer by which a server running herdguard's
-// server half (package mesh) says that a call it made below gave up, beside
-// a PushbackTrailerKey that says do not retry. A call stopped by such an
-// answer is Ignored by the breaker: the layer below already retried and
-// judged, its own protection acts there, and counting its give-ups again
-// here would open this layer's breaker on the evidence of another's.
-const GaveUpTrailerKey = "herdguard-gave-up"
 
 // Unary returns the unary client interceptor.
 func (ic *Interceptor) Unary() grpc.UnaryClientInterceptor { return ic.unary }
@@ -126,7 +110,7 @@ type unaryCall struct {
 	attempts int
 	outcome  Outcome
 	// gaveUpBelow is true when the call ended on a server's "do not retry"
-	// that says a layer below gave up (GaveUpTrailerKey).
+	// that says a layer below gave up (the herdguard-gave-up trailer).
 	gaveUpBelow bool
 	// idle is true when the call's deadline ran out while no attempt was
 	// in flight: during a backoff wait, or before an attempt started.
@@ -220,7 +204,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 				breakerChanged(span, b.Scope(), before, after)
 			}
 			if probe {
-				span.SetAttributes(AttrBreakerProbe.Bool(true))
+				span.SetAttributes(names.AttrBreakerProbe.Bool(true))
 			}
 		}
 	}
@@ -232,9 +216,9 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 	ic.buffers.Put(buf)
 	if span != nil {
 		if c.hedged && maxAttempts > 1 {
-			span.SetAttributes(AttrHedges.Int(c.hedges))
+			span.SetAttributes(names.AttrHedges.Int(c.hedges))
 			if c.winner > 0 {
-				span.SetAttributes(AttrHedgeWinner.Int(c.winner))
+				span.SetAttributes(names.AttrHedgeWinner.Int(c.winner))
 			}
 		}
 		st := status.Convert(err)

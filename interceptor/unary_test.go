@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -31,7 +33,7 @@ func TestSuccessFirstTime(t *testing.T) {
 		t.Fatalf("call: %v", err)
 	}
 	if got := srv.Attempts(); !slices.Equal(got, []string{""}) {
-		t.Errorf("server saw attempts %q, want one first attempt without %s", got, AttemptMetadataKey)
+		t.Errorf("server saw attempts %q, want one first attempt without %s", got, wire.AttemptKey)
 	}
 	if w := clk.Waits(); len(w) != 0 {
 		t.Errorf("waited %v on a call that succeeded at once", w)
@@ -44,7 +46,7 @@ func TestRetriesUntilSuccess(t *testing.T) {
 		t.Fatalf("call: %v", err)
 	}
 	if got, want := srv.Attempts(), []string{"", "2", "3", "4"}; !slices.Equal(got, want) {
-		t.Errorf("server saw %s %q, want %q", AttemptMetadataKey, got, want)
+		t.Errorf("server saw %s %q, want %q", wire.AttemptKey, got, want)
 	}
 	if got, want := clk.Waits(), []time.Duration{10 * ms, 20 * ms, 40 * ms}; !slices.Equal(got, want) {
 		t.Errorf("waits %v, want %v", got, want)
@@ -254,7 +256,7 @@ func TestPushback(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			sc := fail(codes.Unavailable, codes.Unavailable, codes.OK)
-			sc.trailers = map[int]metadata.MD{0: metadata.Pairs(PushbackTrailerKey, tt.value)}
+			sc.trailers = map[int]metadata.MD{0: metadata.Pairs(wire.PushbackKey, tt.value)}
 			srv, c, clk, _ := setup(t, sc, WithPolicy(tablePolicy))
 			err := call(t, c)
 			if status.Code(err) != tt.wantErr {
@@ -281,11 +283,11 @@ func TestPushbackParse(t *testing.T) {
 		ok, present bool
 	}{
 		{nil, 0, false, false},
-		{metadata.Pairs(PushbackTrailerKey, "15"), 15 * ms, true, true},
-		{metadata.Pairs(PushbackTrailerKey, "-5"), 0, false, true},
-		{metadata.Pairs(PushbackTrailerKey, "1.5"), 0, false, true},
-		{metadata.Pairs(PushbackTrailerKey, "99999999999999999999"), 0, false, true},
-		{metadata.Pairs(PushbackTrailerKey, "1", PushbackTrailerKey, "2"), 0, false, true},
+		{metadata.Pairs(wire.PushbackKey, "15"), 15 * ms, true, true},
+		{metadata.Pairs(wire.PushbackKey, "-5"), 0, false, true},
+		{metadata.Pairs(wire.PushbackKey, "1.5"), 0, false, true},
+		{metadata.Pairs(wire.PushbackKey, "99999999999999999999"), 0, false, true},
+		{metadata.Pairs(wire.PushbackKey, "1", wire.PushbackKey, "2"), 0, false, true},
 	}
 	for _, tt := range tests {
 		w, ok, present := pushback(tt.md)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -19,8 +21,13 @@ const (
 	// gave up ("exhausted", "shed", "breaker_open", "pushback_stop",
 	// "budget_exhausted"), or OutcomeRetriedAbove.
 	// A herdguard client stopped by it does not count the call against its
-	// breaker (interceptor.GaveUpTrailerKey): the layer below judged.
-	GaveUpTrailerKey = interceptor.GaveUpTrailerKey
+	// breaker: the layer below judged.
+	GaveUpTrailerKey = wire.GaveUpKey
+	// AttemptMetadataKey is the request metadata by which herdguard's
+	// client marks every retry with its attempt number ("2", "3", ...);
+	// a first attempt carries none. The server half reads it, beside
+	// gRPC's grpc-previous-rpc-attempts, to tell retries from first sends.
+	AttemptMetadataKey = wire.AttemptKey
 	// RetriesBelowKey is the request metadata that says how many retries
 	// each call made below may still send. herdguard's client half sends
 	// "0" on the calls a request makes when that request is a retry or
@@ -44,7 +51,7 @@ var retryKeys = [...]struct {
 	first string
 }{
 	{"grpc-previous-rpc-attempts", "0"},
-	{interceptor.AttemptMetadataKey, "1"},
+	{wire.AttemptKey, "1"},
 	{"x-retry-attempt", "0"},
 }
 
@@ -89,7 +96,7 @@ func retriedAbove(ctx context.Context) bool {
 // signal makes the request being served (ctx) answer "don't retry", saying
 // why. It does nothing outside a gRPC server's handler.
 func signal(ctx context.Context, outcome string) {
-	_ = grpc.SetTrailer(ctx, metadata.Pairs(interceptor.PushbackTrailerKey, stop, GaveUpTrailerKey, outcome))
+	_ = grpc.SetTrailer(ctx, metadata.Pairs(wire.PushbackKey, stop, GaveUpTrailerKey, outcome))
 }
 
 // signalled is the error of a call below that gave up after the client

@@ -645,6 +645,9 @@ func confirmLoad(c *Controller) {
 	c.mu.Lock()
 	k := c.ep.confirm.need
 	c.mu.Unlock()
+	_, file, line, _ := runtime.Caller(1)
+	_, f2, l2, _ := runtime.Caller(2)
+	println("KNEED", k, file[len(file)-20:], line, f2[len(f2)-20:], l2)
 	report(c, Answered, k)
 }
 
@@ -1057,6 +1060,7 @@ func TestCalmPausesAreNotThroughput(t *testing.T) {
 					c.State()
 				}
 			}
+			println("OKLOAD", tc.name, c.ok.Load())
 			report(c, Overloaded, max(20, int(c.ok.Load()))) // at least as many refusals as answers
 			if !c.Pacing() {
 				t.Fatal("not pacing")

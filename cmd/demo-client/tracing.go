@@ -11,10 +11,11 @@ import (
 	"slices"
 	"time"
 
+	"github.com/herdguard/herdguard/telemetry"
+
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/herdguard/herdguard/interceptor"
 	"github.com/herdguard/herdguard/internal/jaegerlab"
 	"github.com/herdguard/herdguard/internal/stormlab"
 )
@@ -231,7 +232,7 @@ func settled(ctx context.Context, queryURL, id string) ([]stormlab.TraceSpan, er
 func readBack(ctx context.Context, queryURL string, recorded []stormlab.TraceSpan) ([]stormlab.TraceSpan, error) {
 	attempts := 0
 	for _, s := range recorded {
-		if s.Name == interceptor.SpanAttempt {
+		if s.Name == telemetry.SpanAttempt {
 			attempts++
 		}
 	}

@@ -17,7 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/telemetry"
+
 	"github.com/herdguard/herdguard/internal/jaegerlab"
 	"github.com/herdguard/herdguard/internal/stormlab"
 )
@@ -182,8 +183,8 @@ func checkTrace(t *testing.T, id string, spans []stormlab.TraceSpan, serverPort 
 	if root.Name != method || root.Service != "demo-client" {
 		t.Errorf("trace %s: root span %q of %q, want the call span of demo-client", id, root.Name, root.Service)
 	}
-	if v := resource(root, "service.version"); v != interceptor.Version {
-		t.Errorf("trace %s: demo-client's service.version %q, want %q", id, v, interceptor.Version)
+	if v := resource(root, "service.version"); v != telemetry.Version {
+		t.Errorf("trace %s: demo-client's service.version %q, want %q", id, v, telemetry.Version)
 	}
 	n, _ := strconv.Atoi(root.Attrs["herdguard.attempts"])
 	if n < 2 {
@@ -196,9 +197,9 @@ func checkTrace(t *testing.T, id string, spans []stormlab.TraceSpan, serverPort 
 	var attempts, backoffs []stormlab.TraceSpan
 	for _, c := range byParent[root.SpanID] {
 		switch c.Name {
-		case interceptor.SpanAttempt:
+		case telemetry.SpanAttempt:
 			attempts = append(attempts, c)
-		case interceptor.SpanBackoff:
+		case telemetry.SpanBackoff:
 			backoffs = append(backoffs, c)
 		default:
 			t.Errorf("trace %s: unexpected child %q of the call span", id, c.Name)
@@ -238,7 +239,7 @@ func checkTrace(t *testing.T, id string, spans []stormlab.TraceSpan, serverPort 
 			t.Errorf("trace %s: attempt %d's server span (%v to %v) is not inside it (%v to %v)", id, i+1,
 				srv[0].Start, srv[0].End(), a.Start, a.End())
 		}
-		if v := resource(srv[0], "service.version"); v != interceptor.Version {
+		if v := resource(srv[0], "service.version"); v != telemetry.Version {
 			t.Errorf("trace %s: demo-server's service.version %q", id, v)
 		}
 	}

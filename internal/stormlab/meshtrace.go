@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/telemetry"
 )
 
 // MeshTrace is the leaf the mesh trace demo (trace-demo -mesh) runs the
@@ -70,13 +70,13 @@ func MeshLayers(spans []TraceSpan) ([]Layer, error) {
 	}
 	var out []Layer
 	for _, s := range rows {
-		v, ok := s.Attrs[string(interceptor.AttrAttempts)]
+		v, ok := s.Attrs[string(telemetry.AttrAttempts)]
 		if !ok {
 			continue
 		}
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			return nil, fmt.Errorf("span %s of %s: %s %q: %w", s.SpanID, s.Service, interceptor.AttrAttempts, v, err)
+			return nil, fmt.Errorf("span %s of %s: %s %q: %w", s.SpanID, s.Service, telemetry.AttrAttempts, v, err)
 		}
 		i := 0
 		for i < len(out) && out[i].Service != s.Service {

@@ -17,12 +17,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/herdguard/herdguard/interceptor"
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
 
@@ -413,7 +414,7 @@ func isRetry(ctx context.Context) bool {
 	if !ok {
 		return false
 	}
-	for key, first := range map[string]int{interceptor.AttemptMetadataKey: 2, "grpc-previous-rpc-attempts": 1, "x-retry-attempt": 1} {
+	for key, first := range map[string]int{wire.AttemptKey: 2, "grpc-previous-rpc-attempts": 1, "x-retry-attempt": 1} {
 		if v := md.Get(key); len(v) > 0 {
 			if n, err := strconv.Atoi(v[0]); err == nil && n >= first {
 				return true

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/wire"
+
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -13,7 +15,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/herdguard/herdguard/interceptor"
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
 
@@ -45,7 +46,7 @@ func newTestServer(t *testing.T, f Faults) (*Server, *manualClock) {
 }
 
 func retryCtx(n string) context.Context {
-	return metadata.NewIncomingContext(context.Background(), metadata.Pairs(interceptor.AttemptMetadataKey, n))
+	return metadata.NewIncomingContext(context.Background(), metadata.Pairs(wire.AttemptKey, n))
 }
 
 func TestServerCountsByWindow(t *testing.T) {
@@ -77,8 +78,8 @@ func TestServerTellsRetriesOfEveryClient(t *testing.T) {
 		retry bool
 	}{
 		{nil, false},
-		{metadata.Pairs(interceptor.AttemptMetadataKey, "2"), true},
-		{metadata.Pairs(interceptor.AttemptMetadataKey, "1"), false},
+		{metadata.Pairs(wire.AttemptKey, "2"), true},
+		{metadata.Pairs(wire.AttemptKey, "1"), false},
 		{metadata.Pairs("grpc-previous-rpc-attempts", "1"), true},
 		{metadata.Pairs("grpc-previous-rpc-attempts", "0"), false},
 		{metadata.Pairs("x-retry-attempt", "1"), true},

@@ -6,10 +6,11 @@ import (
 	"slices"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-
-	"github.com/herdguard/herdguard/interceptor"
 )
 
 // WriteSpanTree prints a call span and its attempt and backoff children as
@@ -17,7 +18,7 @@ import (
 func WriteSpanTree(w io.Writer, call sdktrace.ReadOnlySpan, children []sdktrace.ReadOnlySpan) {
 	a := attrMap(call)
 	fmt.Fprintf(w, "%s  %v  outcome=%s attempts=%d status=%s\n", call.Name(), round(call.EndTime().Sub(call.StartTime())),
-		a[interceptor.AttrOutcome].AsString(), a[interceptor.AttrAttempts].AsInt64(), a["rpc.response.status_code"].AsString())
+		a[telemetry.AttrOutcome].AsString(), a[telemetry.AttrAttempts].AsInt64(), a["rpc.response.status_code"].AsString())
 	slices.SortFunc(children, func(x, y sdktrace.ReadOnlySpan) int { return x.StartTime().Compare(y.StartTime()) })
 	for i, c := range children {
 		branch := "├─"
@@ -26,12 +27,12 @@ func WriteSpanTree(w io.Writer, call sdktrace.ReadOnlySpan, children []sdktrace.
 		}
 		ca := attrMap(c)
 		switch c.Name() {
-		case interceptor.SpanAttempt:
-			fmt.Fprintf(w, "  %s attempt %d  %v  %s\n", branch, ca[interceptor.AttrAttempt].AsInt64(),
+		case telemetry.SpanAttempt:
+			fmt.Fprintf(w, "  %s attempt %d  %v  %s\n", branch, ca[telemetry.AttrAttempt].AsInt64(),
 				round(c.EndTime().Sub(c.StartTime())), ca["rpc.response.status_code"].AsString())
-		case interceptor.SpanBackoff:
-			fmt.Fprintf(w, "  %s backoff before attempt %d  wait %v (%s)\n", branch, ca[interceptor.AttrAttempt].AsInt64(),
-				round(time.Duration(ca[interceptor.AttrBackoffDelayMS].AsFloat64()*float64(time.Millisecond))), ca[interceptor.AttrBackoffJitter].AsString())
+		case telemetry.SpanBackoff:
+			fmt.Fprintf(w, "  %s backoff before attempt %d  wait %v (%s)\n", branch, ca[telemetry.AttrAttempt].AsInt64(),
+				round(time.Duration(ca[names.AttrBackoffDelayMS].AsFloat64()*float64(time.Millisecond))), ca[names.AttrBackoffJitter].AsString())
 		default:
 			fmt.Fprintf(w, "  %s %s  %v\n", branch, c.Name(), round(c.EndTime().Sub(c.StartTime())))
 		}
@@ -44,17 +45,17 @@ func SampleTrees(spans []sdktrace.ReadOnlySpan, n int) [][]sdktrace.ReadOnlySpan
 	children := map[[8]byte][]sdktrace.ReadOnlySpan{}
 	var calls []sdktrace.ReadOnlySpan
 	for _, s := range spans {
-		if s.Parent().IsValid() && (s.Name() == interceptor.SpanAttempt || s.Name() == interceptor.SpanBackoff) {
+		if s.Parent().IsValid() && (s.Name() == telemetry.SpanAttempt || s.Name() == telemetry.SpanBackoff) {
 			id := s.Parent().SpanID()
 			children[id] = append(children[id], s)
 			continue
 		}
-		if attrMap(s)[interceptor.AttrAttempts].AsInt64() > 1 {
+		if attrMap(s)[telemetry.AttrAttempts].AsInt64() > 1 {
 			calls = append(calls, s)
 		}
 	}
 	slices.SortStableFunc(calls, func(x, y sdktrace.ReadOnlySpan) int {
-		return int(attrMap(y)[interceptor.AttrAttempts].AsInt64() - attrMap(x)[interceptor.AttrAttempts].AsInt64())
+		return int(attrMap(y)[telemetry.AttrAttempts].AsInt64() - attrMap(x)[telemetry.AttrAttempts].AsInt64())
 	})
 	var out [][]sdktrace.ReadOnlySpan
 	for _, c := range calls[:min(n, len(calls))] {

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/herdguard/herdguard/telemetry"
+
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -19,8 +21,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
-
-	"github.com/herdguard/herdguard/interceptor"
 )
 
 // Attributes the storm lab records on the root span of every call, so that
@@ -122,7 +122,7 @@ func (e *Exporter) Shutdown(ctx context.Context) error {
 // OTEL_RESOURCE_ATTRIBUTES adds more.
 func Resource(ctx context.Context, service string) (*resource.Resource, error) {
 	res, err := resource.New(ctx,
-		resource.WithAttributes(semconv.ServiceName(service), semconv.ServiceVersion(interceptor.Version)),
+		resource.WithAttributes(semconv.ServiceName(service), semconv.ServiceVersion(telemetry.Version)),
 		resource.WithFromEnv(), // after ours: the environment overrides them
 		resource.WithTelemetrySDK(),
 	)

@@ -12,12 +12,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
+	"github.com/herdguard/herdguard/telemetry"
+
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 
 	"github.com/herdguard/herdguard"
-	"github.com/herdguard/herdguard/interceptor"
 )
 
 // TraceSpan is one span of a trace, as recorded in process or as read back
@@ -177,7 +179,7 @@ func WriteWaterfall(w io.Writer, spans []TraceSpan) error {
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", left+plotW+right, height)
 	b.WriteString(`<rect width="100%" height="100%" fill="white"/>` + "\n")
 	root := rows[0]
-	title := fmt.Sprintf("%s: %s attempts, %s", root.Name, root.Attrs[string(interceptor.AttrAttempts)], root.StatusCode())
+	title := fmt.Sprintf("%s: %s attempts, %s", root.Name, root.Attrs[string(telemetry.AttrAttempts)], root.StatusCode())
 	if st, sc := root.Attrs[string(AttrStrategy)], root.Attrs[string(AttrScenario)]; st != "" {
 		title += fmt.Sprintf(" (%s, scenario %s)", st, sc)
 	}
@@ -221,16 +223,16 @@ func WriteWaterfall(w io.Writer, spans []TraceSpan) error {
 func waterfallRow(s TraceSpan) (label, fill string) {
 	failed := s.StatusCode() != "" && s.StatusCode() != "OK"
 	switch {
-	case s.Attrs[string(interceptor.AttrAttempts)] != "":
+	case s.Attrs[string(telemetry.AttrAttempts)] != "":
 		return s.Name, "#777"
-	case s.Name == interceptor.SpanAttempt:
-		label = "attempt " + s.Attrs[string(interceptor.AttrAttempt)] + "  " + s.StatusCode()
+	case s.Name == telemetry.SpanAttempt:
+		label = "attempt " + s.Attrs[string(telemetry.AttrAttempt)] + "  " + s.StatusCode()
 		if failed {
 			return label, "#c0392b"
 		}
 		return label, "#3b6ea5"
-	case s.Name == interceptor.SpanBackoff:
-		return "backoff before attempt " + s.Attrs[string(interceptor.AttrAttempt)] + " (" + s.Attrs[string(interceptor.AttrBackoffJitter)] + ")", "#e0a030"
+	case s.Name == telemetry.SpanBackoff:
+		return "backoff before attempt " + s.Attrs[string(telemetry.AttrAttempt)] + " (" + s.Attrs[string(names.AttrBackoffJitter)] + ")", "#e0a030"
 	case s.Kind == "server":
 		label = "server (" + s.Service + ")  " + s.StatusCode()
 		if failed {

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
+
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -205,7 +207,7 @@ type probeRecorder struct {
 func (p *probeRecorder) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
 func (p *probeRecorder) OnEnd(s sdktrace.ReadOnlySpan) {
 	for _, kv := range s.Attributes() {
-		if kv.Key == interceptor.AttrBreakerProbe && kv.Value.Type() == attribute.BOOL && kv.Value.AsBool() {
+		if kv.Key == names.AttrBreakerProbe && kv.Value.Type() == attribute.BOOL && kv.Value.AsBool() {
 			p.mu.Lock()
 			p.at = append(p.at, s.StartTime().UnixNano())
 			p.mu.Unlock()

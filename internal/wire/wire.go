@@ -1,0 +1,24 @@
+// Package wire holds the metadata keys herdguard's client and server
+// halves write and read on the wire.
+package wire
+
+const (
+	// AttemptKey carries the attempt number on every retry ("2", "3",
+	// ...). The first attempt carries none, so a server can tell retries
+	// from first sends.
+	AttemptKey = "herdguard-attempt"
+
+	// PushbackKey is the trailer by which a server tells the client how
+	// many milliseconds to wait before retrying (gRFC A6). A negative or
+	// malformed value means: do not retry.
+	PushbackKey = "grpc-retry-pushback-ms"
+
+	// GaveUpKey is the trailer by which a server running herdguard's
+	// server half (package mesh) says that a call it made below gave up,
+	// beside a PushbackKey that says do not retry. A call stopped by such
+	// an answer is Ignored by the breaker: the layer below already retried
+	// and judged, its own protection acts there, and counting its give-ups
+	// again here would open this layer's breaker on the evidence of
+	// another's.
+	GaveUpKey = "herdguard-gave-up"
+)
