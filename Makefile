@@ -36,7 +36,7 @@ help: ## Show the targets
 .PHONY: test
 test: ## Run all tests with the race detector, then the allocation and timing tests without it
 	$(GO) test -race -count=1 -p 1 ./...
-	$(GO) test -count=1 -p 1 -run 'Alloc|Timing' ./breaker/ ./budget/ ./interceptor/ ./internal/cow/ ./internal/stormlab/ ./latency/ ./mesh/ ./overload/
+	$(GO) test -count=1 -p 1 -run 'Alloc|Timing' ./breaker/ ./interceptor/ ./internal/budget/ ./internal/cow/ ./internal/latency/ ./internal/stormlab/ ./mesh/ ./overload/
 	cd conformance && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd redisfleet && $(GO) vet ./... && $(GO) test -race -count=1 ./... && $(GO) test -count=1 -run Timing ./cmd/fleet-lab/
 	cd bench && $(GO) vet . && $(GO) test -count=1 .

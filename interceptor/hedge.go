@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/herdguard/herdguard/breaker"
-	"github.com/herdguard/herdguard/budget"
-	"github.com/herdguard/herdguard/latency"
+	"github.com/herdguard/herdguard/internal/budget"
+	"github.com/herdguard/herdguard/internal/latency"
 	"github.com/herdguard/herdguard/overload"
 )
 

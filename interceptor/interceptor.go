@@ -11,9 +11,9 @@ import (
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
-	"github.com/herdguard/herdguard/budget"
+	"github.com/herdguard/herdguard/internal/budget"
 	"github.com/herdguard/herdguard/internal/cow"
-	"github.com/herdguard/herdguard/latency"
+	"github.com/herdguard/herdguard/internal/latency"
 	"github.com/herdguard/herdguard/overload"
 	"github.com/herdguard/herdguard/policy"
 )

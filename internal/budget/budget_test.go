@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/herdguard/herdguard/budget"
+	"github.com/herdguard/herdguard/internal/budget"
 	"github.com/herdguard/herdguard/policy"
 )
 
