@@ -20,7 +20,82 @@
 // breaker); an overload controller per target (package overload), which
 // holds attempts back only while that helps: a server that fails a share of
 // its attempts on its own, whatever the load, is left to the retries;
-// spans to the global OpenTelemetry provider.
+// spans to the global OpenTelemetry provider. This section is where
+// herdguard states its defaults; the rest of its documentation links here.
+//
+// Every zero field of a [policy.Policy] means its default, so a partial
+// literal such as policy.Policy{MaxAttempts: 5} keeps the rest, full jitter
+// included. The retry policy:
+//
+//   - MaxAttempts: 3, attempts in all, the first included.
+//   - InitialBackoff: 100ms, the raw wait before the second attempt.
+//   - Multiplier: 2, the raw wait grows by this per retry.
+//   - MaxBackoff: 10s, the cap on every wait.
+//   - Jitter: full, the zero Jitter; no jitter is [policy.NoJitter].
+//   - RetryableCodes: Unavailable, ResourceExhausted
+//     ([herdguard.DefaultRetryableCodes]).
+//   - PerAttemptTimeout: none; a timed-out attempt is retried while the
+//     caller's deadline allows.
+//   - Timeout: none; it bounds the whole call, as a service config's
+//     timeout.
+//
+// The circuit breaker ([breaker.Settings], [WithBreaker]):
+//
+//   - ConsecutiveFailures: 5, in a run that has lasted DownAfter: failed
+//     calls (after their retries) in a row that open it; set, it opens on
+//     that many however quickly they came.
+//   - DownAfter: 1s (none when ConsecutiveFailures is set): how long the run
+//     must have lasted since its first failure: evidence that nothing
+//     succeeds, not chance.
+//   - FailureRatio: off; or: this share of failed calls in Window, once
+//     MinRequests (10) finished.
+//   - Window: 10s, rolling, in 10 buckets.
+//   - OpenTimeout: 500ms, then half-open; each failed probe doubles the next
+//     open period.
+//   - MaxOpenTimeout: 10s, the longest open period; closing resets it.
+//   - HalfOpenMaxRequests: 1 probe at once; a probe makes one attempt.
+//   - Scope: per target, or per method.
+//
+// The overload controller is on, per target ([overload.Settings],
+// [WithOverloadControl]; [WithoutOverloadControl] turns it off):
+//
+//   - Interval: 100ms, for counts and rate adjustments.
+//   - MinFailures, FailureRatio: 20, 0.5: overload refusals in one
+//     interval, and their share of its answers, that start the pacing.
+//   - Hold: 500ms between growth steps past what the server is known to
+//     take.
+//   - Headroom: 0.9, the share of a measured capacity the rate returns to.
+//   - Calm: 10 calm intervals end the pacing.
+//
+// Tracing goes to the global provider, as New finds it; no span work is
+// done while it makes no spans.
+//
+// Before attempt n+1 the raw wait is
+//
+//	min(MaxBackoff, InitialBackoff × Multiplier^(n-1))
+//
+// and the jitter shapes it: none (raw), full (uniform[0, raw]), equal
+// (raw/2 + uniform[0, raw/2]) or decorrelated (min(MaxBackoff,
+// uniform[InitialBackoff, 3 × previous wait])). A wait that would end after
+// the caller's deadline is not started: the call ends at once with the last
+// status. A server's grpc-retry-pushback-ms trailer replaces the wait
+// (gRFC A6); a negative or malformed one stops the retries. Every retry
+// carries metadata herdguard-attempt: N (N = 2, 3, ...), so servers can
+// count retries apart.
+//
+// For the breaker a call's final status says the server is failing
+// (Unavailable, DeadlineExceeded, ResourceExhausted, Internal, Unknown,
+// DataLoss) or healthy (everything else); the table is in package herdguard
+// ([herdguard.BreakerVerdict], in codes.go), and breaker.Settings.Verdict
+// replaces it, for example to keep one tenant's ResourceExhausted quota
+// from opening the breaker for every tenant:
+//
+//	interceptor.WithBreaker(breaker.Settings{Verdict: func(err error) herdguard.Verdict {
+//		if status.Code(err) == codes.ResourceExhausted {
+//			return herdguard.Ignored
+//		}
+//		return herdguard.BreakerVerdict(status.Code(err))
+//	}})
 //
 // # What is retried
 //
@@ -29,11 +104,11 @@
 // the caller's context is alive, and attempts remain, and the server sent
 // no response headers (gRFC A6: headers commit the call). Before attempt n+1 it
 // waits [policy.Policy.Backoff], or the server's pushback
-// ([PushbackTrailerKey], gRFC A6: a non-negative number of milliseconds
+// (the grpc-retry-pushback-ms trailer, gRFC A6: a non-negative number of milliseconds
 // replaces the wait and restarts the backoff; anything else stops the
 // retries). If that wait would end after the caller's deadline it stops at
-// once with the last attempt's status. Every retry carries
-// [AttemptMetadataKey] with its attempt number.
+// once with the last attempt's status. Every retry carries the
+// herdguard-attempt metadata key with its attempt number.
 //
 // A call that fails with a code the policy does not retry, that may make a
 // single attempt only, that failed after the server sent headers, or that
@@ -91,7 +166,7 @@
 //
 // [Interceptor.Stream] retries every stream kind until the stream commits:
 // the server's response headers or a message reached it, the caller called
-// Context, or the replay buffer of [DefaultStreamBuffer] bytes overflowed.
+// Context, or the replay buffer (256 KiB; [WithStreamBuffer]) overflowed.
 // Each new attempt replays the messages sent and CloseSend. SendMsg, RecvMsg
 // and Header all drive a retry when they find the attempt broken, through
 // one funnel, as gRPC's own stream does. Interceptors chained after
@@ -135,10 +210,13 @@
 //
 // # Metrics
 //
-// With [WithMeterProvider] (default: the global provider): [MetricAttempts],
-// [MetricRetryDelay], [MetricCalls], [MetricBreakerState],
-// [MetricBreakerTransitions], [MetricBudgetRefusals] and [MetricHedges];
-// see the README for their attributes. A no-op provider costs nothing.
+// With [WithMeterProvider] (default: the global provider) herdguard records
+// the instruments that package [github.com/herdguard/herdguard/telemetry]
+// names (MetricAttempts, MetricRetryDelay, MetricCalls, MetricBreakerState,
+// MetricBreakerTransitions, MetricBudgetRefusals, MetricHedges and the
+// overload controller's); see docs/observability.md for their attributes
+// (https://github.com/herdguard/herdguard/blob/main/docs/observability.md#metrics).
+// A no-op provider costs nothing.
 //
 // # Order
 //
