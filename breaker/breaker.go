@@ -91,11 +91,11 @@ func (e *OpenError) GRPCStatus() *status.Status { return status.New(codes.Unavai
 // and a success only resets that run to zero. So while the breaker is closed
 // and the run is known to be zero, a call runs without taking gobreaker's
 // lock, and only a failure is handed to gobreaker, or a success when some
-// failure began while the call ran (it may end that run). The counts
-// gobreaker reports then leave out the other successes and ignored calls
-// (Requests, TotalSuccesses, ConsecutiveSuccesses, TotalExclusions); the
-// failures, and every transition, are gobreaker's: a result counts in the
-// generation the call was admitted in, or not at all.
+// failure began while the call ran (it may end that run). [Breaker.Counts]
+// then leaves out the other successes and ignored calls (in Requests,
+// TotalSuccesses, ConsecutiveSuccesses); the failures, and every
+// transition, are gobreaker's: a result counts in the generation the call
+// was admitted in, or not at all.
 type Breaker struct {
 	scope string
 	cb    *gobreaker.TwoStepCircuitBreaker[struct{}]
@@ -243,10 +243,41 @@ func (b *Breaker) State() State {
 // open until a call or State moves it to half-open.
 func (b *Breaker) LastState() State { return State(b.state.Load()) }
 
-// Counts returns gobreaker's counts for the current state. With FailureRatio
-// off they leave out the successes and ignored calls of a healthy closed
-// breaker (see [Breaker]).
-func (b *Breaker) Counts() gobreaker.Counts { return b.cb.Counts() }
+// Counts are a breaker's counts of calls for its current state, and while
+// it is closed for its current Window, as gobreaker keeps them. They start
+// again from zero at every transition. With FailureRatio off, a healthy
+// closed breaker lets calls through without counting them (see [Breaker]),
+// so Requests, TotalSuccesses and ConsecutiveSuccesses then leave those
+// calls out.
+type Counts struct {
+	// Requests counts the calls let through, those still in flight and
+	// those whose verdict was Ignored included.
+	Requests uint32
+	// TotalSuccesses and TotalFailures count the calls that ended with
+	// each verdict.
+	TotalSuccesses uint32
+	TotalFailures  uint32
+	// ConsecutiveSuccesses and ConsecutiveFailures are the current runs:
+	// a success ends a run of failures, and a failure a run of successes.
+	ConsecutiveSuccesses uint32
+	ConsecutiveFailures  uint32
+}
+
+// countsOf converts gobreaker's counts.
+func countsOf(c gobreaker.Counts) Counts {
+	return Counts{
+		Requests:             c.Requests,
+		TotalSuccesses:       c.TotalSuccesses,
+		TotalFailures:        c.TotalFailures,
+		ConsecutiveSuccesses: c.ConsecutiveSuccesses,
+		ConsecutiveFailures:  c.ConsecutiveFailures,
+	}
+}
+
+// Counts returns the breaker's counts for its current state. With
+// FailureRatio off they leave out the successes and ignored calls of a
+// healthy closed breaker (see [Breaker]).
+func (b *Breaker) Counts() Counts { return countsOf(b.cb.Counts()) }
 
 // Calm reports whether the breaker is closed with no failed call on its run
 // of consecutive failures: the server shows no sign of failing. Hedging

@@ -83,10 +83,10 @@ func TestFastPathMatchesGobreaker(t *testing.T) {
 						if got != Closed {
 							transitions++
 						}
-						gc, wc := b.Counts(), ref.Counts()
+						gc, wc := b.Counts(), countsOf(ref.Counts())
 						if s.FailureRatio == 0 {
-							gc = gobreaker.Counts{TotalFailures: gc.TotalFailures, ConsecutiveFailures: gc.ConsecutiveFailures}
-							wc = gobreaker.Counts{TotalFailures: wc.TotalFailures, ConsecutiveFailures: wc.ConsecutiveFailures}
+							gc = Counts{TotalFailures: gc.TotalFailures, ConsecutiveFailures: gc.ConsecutiveFailures}
+							wc = Counts{TotalFailures: wc.TotalFailures, ConsecutiveFailures: wc.ConsecutiveFailures}
 						}
 						if gc != wc {
 							t.Fatalf("call %d (%v): counts %+v, gobreaker %+v", i, v, gc, wc)
@@ -303,6 +303,15 @@ func TestQuietSuccessEndsARunLikeGobreaker(t *testing.T) {
 			t.Errorf("stream=%v: state %v with a run of %d; gobreaker %v with a run of %d",
 				stream, got, b.Counts().ConsecutiveFailures, want, ref.Counts().ConsecutiveFailures)
 		}
+	}
+}
+
+// TestCountsOfKeepsEachField: every count reaches its own field.
+func TestCountsOfKeepsEachField(t *testing.T) {
+	got := countsOf(gobreaker.Counts{Requests: 1, TotalSuccesses: 2, TotalFailures: 3, TotalExclusions: 4, ConsecutiveSuccesses: 5, ConsecutiveFailures: 6})
+	want := Counts{Requests: 1, TotalSuccesses: 2, TotalFailures: 3, ConsecutiveSuccesses: 5, ConsecutiveFailures: 6}
+	if got != want {
+		t.Errorf("countsOf = %+v, want %+v", got, want)
 	}
 }
 
