@@ -1,0 +1,450 @@
+package overload
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+	"time"
+)
+
+// While the rate is below what the server sustained before the overload
+// it may return there at any moment, so no waiter is shed on the wait the
+// lower rate would give.
+func TestNoSheddingBelowTheSustainedRate(t *testing.T) {
+	c, clk := calmThenFail(t, 60)
+	clk.Advance(DefaultInterval)
+	answerProbe(t, c, confirmMin)
+	setCounts(c, 60, 60)
+	report(c, Overloaded, 60)
+	clk.Advance(DefaultInterval)
+	// Restarted at 54.9 with 60 arriving: below the sustained 60, a waiter
+	// 20 places back would wait past its 100ms at any spare the line has.
+	answerProbe(t, c, confirmMin)
+	if got := rateOf(c); math.Abs(got-54.9) > 1e-9 {
+		t.Fatalf("restart at %v, want 90 %% of the 61 sent or answered", got)
+	}
+	setTokens(c, 0)
+	setLastIn(c, 60)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	near, cancelNear := context.WithDeadline(ctx, clk.Now().Add(100*time.Millisecond))
+	defer cancelNear()
+	out := make(chan grant, 21)
+	acquireAsync(near, c, 0, out)
+	waitLine(t, c, 1)
+	for id := 1; id <= 20; id++ {
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	if st := c.State(); st.Shed != 0 {
+		t.Fatalf("shed %d below the sustained rate", st.Shed)
+	}
+	cancel()
+	for range 21 {
+		<-out
+	}
+}
+
+// A waiter whose deadline falls before its turn is shed at once; while
+// the server is collapsed nobody is shed before their deadline. Its turn
+// is told at what the server is known to take, as if nobody newer came:
+// attempts that come above the rate (a herd's retries) may stop, and they
+// did not count against a waiter's time. Counted at the spare above them
+// (a tenth of the rate here), the waiter one place back from the newest
+// was shed with 200ms to wait: a herd of 1000 calls with 30 s deadlines on
+// a server that takes 20 per window, which a pacer that knew it served by
+// 6 s, lost 460 of them so.
+func TestShedding(t *testing.T) {
+	c, clk := herdCollapsed(t)
+	out := make(chan grant, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if d, err := c.Acquire(ctx); d != 0 || err != nil { // the probe
+		t.Fatalf("probe: %v, %v", d, err)
+	}
+	near, cancelNear := context.WithDeadline(ctx, clk.Now().Add(20*time.Millisecond))
+	defer cancelNear()
+	acquireAsync(near, c, 0, out)
+	waitLine(t, c, 1)
+	soon, cancelSoon := context.WithDeadline(ctx, clk.Now().Add(40*time.Millisecond))
+	defer cancelSoon()
+	acquireAsync(soon, c, 1, out)
+	waitLine(t, c, 2)
+	acquireAsync(ctx, c, 2, out)
+	waitLine(t, c, 3)
+	if st := c.State(); st.Shed != 0 {
+		t.Fatalf("shed %d while collapsed", st.Shed)
+	}
+	// Recovery at 9 per interval (a token per 11ms), with 60 arrivals an
+	// interval before: the oldest waiter, two places back from the
+	// newest, has its turn in 33ms, past its 20ms; the one a place back
+	// has its turn in 22ms, within its 40ms.
+	setLastIn(c, 60)
+	c.Done(Answered)
+	confirmLoad(t, c, confirmMax) // the herd's 10 answers
+	g := <-out
+	if g.id != 0 || !errors.Is(g.err, ErrShed) {
+		t.Fatalf("first result %+v, want 0 shed", g)
+	}
+	if st := c.State(); st.Shed != 1 || st.Waiting != 2 {
+		t.Errorf("shed %d, waiting %d; want 1 and 2", st.Shed, st.Waiting)
+	}
+	cancel()
+	for range 2 {
+		if g := <-out; !errors.Is(g.err, context.Canceled) {
+			t.Errorf("waiter %d: %v, want its context's error", g.id, g.err)
+		}
+	}
+	if st := c.State(); st.Waiting != 0 {
+		t.Errorf("waiting = %d after every waiter left", st.Waiting)
+	}
+}
+
+// A retry waits behind every waiter, even those that come after it.
+func TestRetryWaitsAtTheBack(t *testing.T) {
+	c, clk := newController(t, Settings{})
+	report(c, Answered, 1) // a server that answered once: not down
+	report(c, Overloaded, 20)
+	// Collapsed, and later in the episode: one probe per interval.
+	clk.Advance(firstProbeIntervals * DefaultInterval)
+	// The probe.
+	if _, err := c.Acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan grant, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_, err := c.AcquireRetry(ctx)
+		out <- grant{0, err}
+	}()
+	waitLine(t, c, 1)
+	acquireAsync(ctx, c, 1, out)
+	waitLine(t, c, 2)
+	acquireAsync(ctx, c, 2, out)
+	waitLine(t, c, 3)
+	for _, want := range []int{2, 1, 0} {
+		clk.Advance(DefaultInterval)
+		if g := <-out; g.id != want || g.err != nil {
+			t.Fatalf("served %+v, want %d", g, want)
+		}
+	}
+}
+
+// An attempt with less time left than every answer of the last interval
+// took is shed rather than sent: at once when it asks, or when its turn
+// comes, and its token goes to the next waiter. Answers of unknown time
+// teach nothing.
+func TestLateAttemptsAreShed(t *testing.T) {
+	c, clk := calmThenFail(t, 60)
+	clk.Advance(DefaultInterval)
+	answerProbe(t, c, confirmMin) // restarts at 60 an interval
+	for _, d := range []time.Duration{90 * time.Millisecond, 80 * time.Millisecond, 100 * time.Millisecond} {
+		c.AnsweredAfter(d)
+	}
+	clk.Advance(DefaultInterval) // the last interval's answers took at least 80ms
+	setBucket(c, 60, 10, 0)
+
+	short, cancelShort := deadlineIn(clk, 79*time.Millisecond)
+	defer cancelShort()
+	if _, err := c.Acquire(short); !errors.Is(err, ErrShed) {
+		t.Fatalf("79ms left, answers take 80ms: Acquire = %v, want ErrShed", err)
+	}
+	long, cancelLong := deadlineIn(clk, 2*time.Second)
+	defer cancelLong()
+	if _, err := c.Acquire(long); err != nil {
+		t.Fatalf("2s left: Acquire = %v, want nil", err)
+	}
+
+	// At 5 an interval, nothing left in the bucket: an old waiter with
+	// time, then a newer one with 95ms. The next token comes 20ms later,
+	// for the newer one, which has 75ms left by then: it is shed, and the
+	// token goes to the old one.
+	setBucket(c, 5, 0, 0)
+	out := make(chan grant, 3)
+	acquireAsync(long, c, 0, out)
+	waitLine(t, c, 1)
+	tight, cancelTight := deadlineIn(clk, 95*time.Millisecond)
+	defer cancelTight()
+	acquireAsync(tight, c, 1, out)
+	waitLine(t, c, 2)
+	clk.Advance(DefaultInterval / 5)
+	got := map[int]error{}
+	for range 2 {
+		g := <-out
+		got[g.id] = g.err
+	}
+	if got[0] != nil || !errors.Is(got[1], ErrShed) {
+		t.Fatalf("old waiter: %v, newer with 75ms left: %v; want nil and ErrShed", got[0], got[1])
+	}
+	if st := c.State(); st.Shed != 2 {
+		t.Fatalf("shed %d, want 2", st.Shed)
+	}
+
+	// An interval without answers keeps the time; one whose answers are
+	// not timed forgets it.
+	clk.Advance(DefaultInterval)
+	setBucket(c, 60, 10, 0)
+	if _, err := c.Acquire(short); !errors.Is(err, ErrShed) {
+		t.Fatalf("no answer in the last interval: Acquire = %v, want ErrShed", err)
+	}
+	c.Done(Answered)
+	clk.Advance(DefaultInterval)
+	setBucket(c, 60, 10, 0)
+	if _, err := c.Acquire(short); err != nil {
+		t.Fatalf("no answer timed in the last interval: Acquire = %v, want nil", err)
+	}
+}
+
+// Shedding by wait counts the time answers take too: at 60 an interval
+// the waiter's turn comes in about 1.7ms, and its answer 80ms later, past
+// its 81ms.
+func TestShedWaitCountsAnswerTime(t *testing.T) {
+	c, clk := answersTook(t, 80*time.Millisecond)
+	setBucket(c, 60, 0, 60)
+	// At the sustained 60 the line drains, oldest first: the waiter's turn
+	// is the next token, 1.7ms away, and its answer 80ms after that.
+	ctx, cancel := deadlineIn(clk, 81*time.Millisecond)
+	defer cancel()
+	if _, err := c.Acquire(ctx); !errors.Is(err, ErrShed) {
+		t.Fatalf("Acquire = %v, want ErrShed", err)
+	}
+}
+
+// While answers take an Interval or more (the server keeps a queue of its
+// own) the line is served oldest first, and a waiter is shed when the
+// waiters kept ahead of it, then the answer time, leave it too late: the
+// earliest deadlines that can still be met go first.
+func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
+	c, clk := answersTook(t, 300*time.Millisecond)
+
+	wantOldestFirst(t, c, clk)
+	var cancels []context.CancelFunc
+	defer func() {
+		for _, cancel := range cancels {
+			cancel()
+		}
+	}()
+
+	// At 60, a token per 1.7ms: the oldest, with 304.5ms, goes first and
+	// is answered at about 302ms; the next, with 302ms, would be answered
+	// at about 303ms and is shed; the one after, with 2s, takes its place.
+	// (Counted from the newest end instead, the oldest would have two
+	// ahead of it and be shed too.)
+	setBucket(c, 60, 0, 60)
+	deadlines := []time.Duration{304500 * time.Microsecond, 302 * time.Millisecond, 2 * time.Second}
+	out := make(chan grant, len(deadlines))
+	for id, d := range deadlines {
+		ctx, cancel := deadlineIn(clk, d)
+		cancels = append(cancels, cancel)
+		acquireAsync(ctx, c, id, out)
+		waitLineOrShed(t, c, id+1)
+	}
+	if g := <-out; g.id != 1 || !errors.Is(g.err, ErrShed) {
+		t.Fatalf("first result %+v, want waiter 1 shed", g)
+	}
+	clk.Advance(2 * time.Millisecond)
+	if g := <-out; g.id != 0 || g.err != nil {
+		t.Fatalf("first token went to %+v, want waiter 0", g)
+	}
+	clk.Advance(2 * time.Millisecond)
+	if g := <-out; g.id != 2 || g.err != nil {
+		t.Fatalf("second token went to %+v, want waiter 2", g)
+	}
+}
+
+// An answer to an attempt sent while calm took at least as long as the
+// pacing has lasted: 150ms into the episode, such an answer makes the
+// answers of its interval take at least 150ms, so a caller with 140ms
+// left is shed and the line is served oldest first, a whole queue's wait
+// before a paced attempt's own answer would say so. An answer whose time
+// is not known (Answered: a stream's) teaches nothing, and a timed answer
+// that came sooner is the least time.
+func TestAnswerSentCalmTookAtLeastTheEpisode(t *testing.T) {
+	c, clk := calmThenFail(t, 60) // pacing began now
+	clk.Advance(DefaultInterval + DefaultInterval/2)
+	c.AnsweredSentCalm() // ends the collapse and, past the episode's first interval, restarts the rate unconfirmed
+	if got := rateOf(c); got != 60 {
+		t.Fatalf("rate after an answer sent calm = %v per interval, want the sustained 60 at once", got)
+	}
+	clk.Advance(DefaultInterval)
+	setBucket(c, 60, 10, 0)
+	short, cancelShort := deadlineIn(clk, 140*time.Millisecond)
+	defer cancelShort()
+	if _, err := c.Acquire(short); !errors.Is(err, ErrShed) {
+		t.Fatalf("140ms left, an answer sent before the episode 150ms ago: Acquire = %v, want ErrShed", err)
+	}
+
+	wantOldestFirst(t, c, clk)
+
+	for _, tc := range []struct {
+		name   string
+		answer func()
+	}{
+		{"not timed", func() { c.Answered() }},
+		{"timed sooner", func() { c.AnsweredSentCalm(); c.AnsweredAfter(20 * time.Millisecond) }},
+	} {
+		clk.Advance(DefaultInterval)
+		tc.answer()
+		clk.Advance(DefaultInterval)
+		setBucket(c, 60, 10, 0)
+		short, cancelShort := deadlineIn(clk, 140*time.Millisecond)
+		defer cancelShort()
+		if _, err := c.Acquire(short); err != nil {
+			t.Fatalf("%s: 140ms left: Acquire = %v, want nil", tc.name, err)
+		}
+	}
+}
+
+// wantOldestFirst checks that c serves its line oldest first: at 5 an
+// interval (below what is known: no shedding by wait), three waiters with
+// time get a token every 20ms, oldest first.
+func wantOldestFirst(t *testing.T, c *Controller, clk *fakeClock) {
+	t.Helper()
+	setBucket(c, 5, 0, 0)
+	out := make(chan grant, 3)
+	for id := range 3 {
+		ctx, cancel := deadlineIn(clk, 2*time.Second)
+		defer cancel()
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	for want := range 3 {
+		clk.Advance(DefaultInterval / 5)
+		if g := <-out; g.id != want || g.err != nil {
+			t.Fatalf("token %d went to %+v, want waiter %d", want, g, want)
+		}
+	}
+}
+
+// answersTook is a controller that paces at the 60 an interval it
+// sustained before, the answers of its last interval having taken d.
+func answersTook(t *testing.T, d time.Duration) (*Controller, *fakeClock) {
+	t.Helper()
+	c, clk := calmThenFail(t, 60)
+	clk.Advance(DefaultInterval)
+	answerProbe(t, c, confirmMin)
+	c.AnsweredAfter(d)
+	clk.Advance(DefaultInterval)
+	return c, clk
+}
+
+// Once the server answers again at the rate it sustained before, the line
+// drains: it is served oldest first, so that the tokens above the arrivals
+// go to the callers who waited longest. A refusal turns it back to newest
+// first within the same interval, and the retries of the refused attempts,
+// at the old end, go last.
+func TestLineDrainsOldestFirst(t *testing.T) {
+	c, clk := calmThenFail(t, 10)
+	clk.Advance(DefaultInterval) // collapsed
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if d, err := c.Acquire(ctx); d != 0 || err != nil { // the probe
+		t.Fatalf("probe: %v, %v", d, err)
+	}
+	out := make(chan grant, 4)
+	for id := range 4 {
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	c.Done(Answered)              // the probe's answer,
+	confirmLoad(t, c, confirmMin) // and the batch's: restart at the sustained 10
+	if got := rateOf(c); got != 10 {
+		t.Fatalf("restart at %v per interval, want the sustained 10", got)
+	}
+	next := func() int {
+		t.Helper()
+		clk.Advance(DefaultInterval / 10) // a token
+		g := <-out
+		if g.err != nil {
+			t.Fatalf("waiter %d: %v", g.id, g.err)
+		}
+		return g.id
+	}
+	for _, want := range []int{0, 1} {
+		if id := next(); id != want {
+			t.Fatalf("served %d, want %d (oldest first)", id, want)
+		}
+	}
+	c.Done(Overloaded) // one refusal in this interval
+	for _, want := range []int{3, 2} {
+		if id := next(); id != want {
+			t.Fatalf("after a refusal served %d, want %d (newest first)", id, want)
+		}
+	}
+}
+
+// Below the rate the server sustained before, the line does not drain
+// (attempts come faster than before the overload was served), and it is
+// served newest first.
+func TestLineBelowTheSustainedRateIsNewestFirst(t *testing.T) {
+	c, clk := calmThenFail(t, 10)
+	clk.Advance(DefaultInterval)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := c.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan grant, 3)
+	for id := range 3 {
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	setKnown(c, 5) // a setback lowered what the server is known to take
+	c.Done(Answered)
+	confirmLoad(t, c, confirmMin)
+	if got := rateOf(c); got != 5 {
+		t.Fatalf("restart at %v, want 5", got)
+	}
+	clk.Advance(DefaultInterval / 5) // a token
+	if g := <-out; g.id != 2 || g.err != nil {
+		t.Fatalf("first served %+v, want the newest, 2", g)
+	}
+	cancel()
+	for range 2 {
+		<-out
+	}
+}
+
+// No waiter is shed on the wait the line would have in an interval in
+// which the server refused attempts: the rate is about to come down or
+// collapse, and the wait cannot be told.
+func TestNoSheddingInARefusedInterval(t *testing.T) {
+	// As in TestShedding, but with a refusal in the restart's interval.
+	c, clk := herdCollapsed(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := c.Acquire(ctx); err != nil { // the probe
+		t.Fatal(err)
+	}
+	out := make(chan grant, 3)
+	near, cancelNear := context.WithDeadline(ctx, clk.Now().Add(50*time.Millisecond))
+	defer cancelNear()
+	acquireAsync(near, c, 0, out)
+	waitLine(t, c, 1)
+	for id := 1; id <= 2; id++ {
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	setLastIn(c, 9)               // arrivals as fast as the rate: no spare for the line
+	c.Done(Overloaded)            // a refusal in the interval of the restart
+	c.Done(Answered)              // the probe's answer,
+	confirmLoad(t, c, confirmMax) // and the batch's (the herd answered 10): restart at 9
+	if got := rateOf(c); got != 9 {
+		t.Fatalf("restart at %v, want 90 %% of the 10 taken", got)
+	}
+	// The token goes to the newest; the oldest, whose 50ms the line could
+	// not meet, stays while the interval shows a refusal.
+	clk.Advance(DefaultInterval / 5) // a token (at most one is kept)
+	if g := <-out; g.id != 2 || g.err != nil {
+		t.Fatalf("first result %+v, want 2 served", g)
+	}
+	if st := c.State(); st.Shed != 0 || st.Waiting != 2 {
+		t.Fatalf("shed %d, waiting %d in a refused interval; want 0 and 2", st.Shed, st.Waiting)
+	}
+	cancel()
+	for range 2 {
+		<-out
+	}
+}
