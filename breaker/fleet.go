@@ -72,10 +72,11 @@ const (
 	fleetOpen                 // open until openUntil, then probes are leased
 )
 
-// FleetView is a replica's view of one shared breaker, kept by the
-// [Fleet] and read by the breaker on every call without a lock. Its zero
-// value is a view the fleet has not spoken to: the replica's own breaker
-// decides alone.
+// FleetView is a replica's view of one shared breaker. The [Fleet] keeps
+// it with the methods below, each of which records what the store last
+// said; the breaker reads it on every call without a lock, and
+// [Breaker.FleetState] reports it. Its zero value is a view the fleet has
+// not spoken to: the replica's own breaker decides alone.
 type FleetView struct {
 	state     atomic.Int32
 	openUntil atomic.Int64 // this process's clock, unix nanoseconds
@@ -114,14 +115,14 @@ func (v *FleetView) Taken(remaining time.Duration) {
 // again, the replica's own breaker decides alone.
 func (v *FleetView) Lost() { v.state.Store(fleetUnknown) }
 
-// Shared reports whether the view follows the fleet (the store was heard
+// shared reports whether the view follows the fleet (the store was heard
 // from and not lost since).
-func (v *FleetView) Shared() bool { return v.state.Load() != fleetUnknown }
+func (v *FleetView) shared() bool { return v.state.Load() != fleetUnknown }
 
-// State returns the fleet's state as the view holds it: Closed, Open, or
-// HalfOpen once the open period is over. ok is false while the view does
-// not follow the fleet.
-func (v *FleetView) State() (s State, ok bool) {
+// current returns the fleet's state as the view holds it: Closed, Open,
+// or HalfOpen once the open period is over. ok is false while the view
+// does not follow the fleet.
+func (v *FleetView) current() (s State, ok bool) {
 	switch v.state.Load() {
 	case fleetCalm, fleetSuspect:
 		return Closed, true
@@ -265,7 +266,7 @@ func (b *Breaker) tellFleet(v herdguard.Verdict) {
 
 // Shared reports whether the breaker follows a fleet's shared breaker now
 // (Settings.Fleet is set and its store answers).
-func (b *Breaker) Shared() bool { return b.view != nil && b.view.Shared() }
+func (b *Breaker) Shared() bool { return b.view != nil && b.view.shared() }
 
 // FleetState returns the state of the fleet's shared breaker as this
 // replica last heard it; ok is false when the breaker is not shared or its
@@ -274,5 +275,5 @@ func (b *Breaker) FleetState() (s State, ok bool) {
 	if b.view == nil {
 		return Closed, false
 	}
-	return b.view.State()
+	return b.view.current()
 }

@@ -113,8 +113,8 @@ func TestFleetCalmCountsFailuresAndRecoveries(t *testing.T) {
 	if _, recovered, _ := f.counts(); recovered != 1 {
 		t.Errorf("two successes while the fleet is suspect: %d recoveries told, want 1", recovered)
 	}
-	if s, ok := f.view.State(); !ok || s != breaker.Closed {
-		t.Errorf("fleet view %v (%v), want closed", s, ok)
+	if s, ok := b.FleetState(); !ok || s != breaker.Closed {
+		t.Errorf("fleet state %v (%v), want closed", s, ok)
 	}
 	// the replica's own breaker still counts its own run
 	for range 3 {
@@ -173,7 +173,7 @@ func TestFleetOpenRefusesThenLeasesProbes(t *testing.T) {
 	if ran || !errors.As(err, &oe) || !oe.Shared || oe.State != breaker.HalfOpen || f.asked != asked {
 		t.Errorf("leases taken: ran %v, err %v, asked %d more; want a shared half-open refusal without asking", ran, err, f.asked-asked)
 	}
-	if s, _ := f.view.State(); s != breaker.HalfOpen {
+	if s, _ := b.FleetState(); s != breaker.HalfOpen {
 		t.Errorf("view with leases taken reads %v, want half-open", s)
 	}
 	f.view.Open(-time.Millisecond) // a new open period forgets the leases
