@@ -37,10 +37,7 @@ func TestDetection(t *testing.T) {
 
 // Refusals are judged against the attempts sent, not only those answered:
 // a server that fails a share of a wave at once and answers the rest a
-// little later shows only refusals at first. Before, 30 refusals that came
-// back ahead of 70 answers started pacing ("every answer"), as the trace
-// demo's fresh client saw now and then against a server failing 30 % of
-// its attempts on its own.
+// little later shows only refusals at first.
 func TestRefusalsAheadOfAnswers(t *testing.T) {
 	sent := func(c *Controller, n int) {
 		for i := range n {
@@ -109,10 +106,8 @@ func TestRefusalsAheadOfAnswers(t *testing.T) {
 }
 
 // Independent failures below the ratio start no pacing, also where the
-// rule is checked: at each refusal, against the answers so far. Without
-// the margin, a fresh client whose first 100 answers came at once with 30
-// % refused started pacing in about 1 % of such waves, and a server that
-// fails 30 % of a steady load's attempts was paced now and then.
+// rule is checked: at each refusal, against the answers so far (the
+// margin, triggerMargin, is what keeps chance runs out).
 func TestIndependentFailuresStartNoPacing(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	answer := func(c *Controller, n int, share float64) {
@@ -182,10 +177,8 @@ func TestCalmPathAllocatesNothing(t *testing.T) {
 // A pause in the calm stretch before an overload is not throughput: the
 // restart returns to what the server took while the client was busy, and
 // with too little known (less than an answer per interval) to a slow
-// start, never to an average diluted by idle time. Such an average once
-// restarted a client idle for ten minutes at one attempt per eight
-// minutes, and its line never moved. Answers come spread over each
-// interval, as they do.
+// start, never to an average diluted by idle time. Answers come spread
+// over each interval, as they do.
 func TestCalmPausesAreNotThroughput(t *testing.T) {
 	type step = func(*Controller, *fakeClock) (answers int)
 	steady := func(intervals int, perInterval float64) step {

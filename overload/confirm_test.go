@@ -44,8 +44,6 @@ func TestBatchCountsAgainstOneIntervalAtMost(t *testing.T) {
 // does not hold the confirmation: the batch is judged on the outcomes it
 // has, and a batch of which nothing is counted leaves the server collapsed
 // and probed again, a later probe's answer starting a batch of its own.
-// Before, the confirmation waited for an outcome in its place, one probe's
-// worth per interval, while the line shed.
 func TestConfirmationSkipsOutcomesThatSayNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name     string

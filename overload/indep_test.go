@@ -8,22 +8,14 @@ import (
 
 // A paced server whose failures are independent (30 % of its attempts
 // fail, whatever the load) gets its rate back and is no longer paced.
-// The refusals its share of independent failures explains are not load.
-// Before, each interval's refusals cut the rate to Headroom of the
-// answers, and the rate never grew again: one attempt per interval, the
-// line of 60 arrivals an interval growing for good.
+// The refusals its share of independent failures explains are not load,
+// and a cut counts the attempts the server took, not its answers alone.
 //
 // A fresh client knows no such share: it learns it while paced, from the
 // intervals in which the server took more than ever before in the episode
-// (refusals that do not follow the load). Before, it stayed paced at 9
-// attempts a second for the 600 that came: two attempts, one refused by
-// chance, had shown a "capacity" of one, and nothing raised it again.
+// (refusals that do not follow the load).
 //
 // The client that knew the server is asked it for ten random sequences.
-// Before, each chance refusal beyond the share cut the rate to Headroom of
-// the answers alone, 63 % of the attempts the server took, and the line
-// that built kept the pacing on past 10 s in 12 of 20 such sequences (1
-// now).
 func TestIndependentFailuresEndThePacing(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -75,10 +67,7 @@ func independentFailuresEndThePacing(t *testing.T, calm int, seed uint64) {
 // server's own. Over 10 s of 600 attempts a second, 5 random sequences at
 // each share: one episode, that ends within 2.5 s (a probe must be
 // answered first: at 90 %, one in 10 is), every attempt sent, and calm at
-// the end (most end within 300ms). Before, a share above FailureRatio looked like
-// overload for good: at 67 % the rate fell to a probe per interval, and a
-// client that retried got 2 % of its calls through, against 69 % with no
-// pacing.
+// the end.
 func TestIndependentFailuresAboveTheRatioEndThePacing(t *testing.T) {
 	for _, share := range []float64{0.5, 0.67, 0.8, 0.9} {
 		for seed := range uint64(5) {
@@ -109,16 +98,10 @@ func TestIndependentFailuresAboveTheRatioEndThePacing(t *testing.T) {
 // rises past 50, and none below: what it refuses is load, not a share of
 // independent failures to be left alone (less than a tenth learnt as
 // that). The rate follows what it takes: in the last 5 s a fresh client
-// has it take at least 70 % of its capacity. Before, a fresh client took
-// 2 % in a quarter of the runs: a capacity shown by a handful of attempts
-// (an interval in which the rate had just restarted), and the rate never
-// rose past it again. Now it takes 93-100 % (20 runs).
-//
-// One that knew the server before takes at least 75 % in each of 8 runs
-// (81-95 % in 20). Before, it took 63-70 % in about half the runs: the
-// rate returned at once to what the server took before the cut, was
-// refused, and was cut twice, the second time for the refusals that were
-// only the echo of the rate before the first cut.
+// has it take at least 70 % of its capacity (a capacity shown by a
+// handful of attempts must not hold the rate under it), and one that knew
+// the server before at least 75 % in each of 8 runs (the echo of a cut's
+// refusals must not cut the rate twice).
 func TestCapacityCutIsNotIndependentFailures(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -173,10 +156,7 @@ func capacityCut(t *testing.T, fresh bool, run, least int) {
 // of an interval that took clearly more than any before it are the
 // server's share of independent failures, unless the last such interval
 // before it had 10 answers or more and was refused nothing: then they are
-// load, the rate passing a cut. A
-// fresh client crossing a cut of 50 at 70 learnt before a share of 0.12
-// from the crossing alone (up to 0.19 in the capacity-cut test, with
-// attempts answered at once); a server that fails from the start still
+// load, the rate passing a cut. A server that fails from the start still
 // teaches its share, and an interval that takes only a little more than
 // the most before it (answers that crossed an interval's end) teaches
 // nothing.

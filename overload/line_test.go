@@ -50,11 +50,9 @@ func TestNoSheddingBelowTheSustainedRate(t *testing.T) {
 // the server is collapsed nobody is shed before their deadline. Its turn
 // is told at what the server is known to take, as if nobody newer came:
 // attempts that come above the rate (a herd's retries) may stop, and they
-// did not count against a waiter's time. Counted at the spare above them
+// did not count against a waiter's time: counted at the spare above them
 // (a tenth of the rate here), the waiter one place back from the newest
-// was shed with 200ms to wait: a herd of 1000 calls with 30 s deadlines on
-// a server that takes 20 per window, which a pacer that knew it served by
-// 6 s, lost 460 of them so.
+// would be shed with 200ms to wait.
 func TestShedding(t *testing.T) {
 	c, clk := herdCollapsed(t)
 	out := make(chan grant, 10)

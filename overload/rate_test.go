@@ -359,9 +359,7 @@ func TestLearningStopsAtTheRate(t *testing.T) {
 // Past what is known, the rate grows toward a quarter above the attempts
 // that come counted as their mean since its last step, not as the last
 // interval's count: the rate only rises, and a step to each high of that
-// count (63 or 64 of the 60 that came on average) took it past 72 in the
-// storm lab's sticky cut, where it and the bucket's burst put more than
-// the 80 the server takes into one of its windows now and then.
+// count would take it, with the bucket's burst, well past the arrivals.
 func TestGrowthFollowsTheMeanOfTheArrivals(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
 	clk.Advance(DefaultInterval)
