@@ -36,16 +36,17 @@ help: ## Show the targets
 .PHONY: test
 test: ## Run all tests with the race detector, then the allocation and timing tests without it
 	$(GO) test -race -count=1 -p 1 ./...
-	$(GO) test -count=1 -p 1 -run 'Alloc|Timing' ./breaker/ ./interceptor/ ./internal/budget/ ./internal/cow/ ./internal/latency/ ./internal/stormlab/ ./mesh/ ./overload/
+	$(GO) test -count=1 -p 1 -run 'Alloc|Timing' ./breaker/ ./interceptor/ ./internal/budget/ ./internal/cow/ ./internal/latency/ ./mesh/ ./overload/
+	cd cmd && $(GO) vet ./... && $(GO) test -race -count=1 -p 1 ./... && $(GO) test -count=1 -p 1 -run 'Alloc|Timing' ./stormlab/ ./fleet-lab/
 	cd conformance && $(GO) vet ./... && $(GO) test -race -count=1 ./...
-	cd redisfleet && $(GO) vet ./... && $(GO) test -race -count=1 ./... && $(GO) test -count=1 -run Timing ./cmd/fleet-lab/
+	cd redisfleet && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd bench && $(GO) vet . && $(GO) test -count=1 .
 
 .PHONY: build
 build: ## Build the demo server, the demo client and trace-demo into ./bin
-	$(GO) build -o $(BIN)/demo-server ./cmd/demo-server
-	$(GO) build -o $(BIN)/demo-client ./cmd/demo-client
-	$(GO) build -o $(BIN)/trace-demo ./cmd/trace-demo
+	cd cmd && $(GO) build -o $(BIN)/demo-server ./demo-server
+	cd cmd && $(GO) build -o $(BIN)/demo-client ./demo-client
+	cd cmd && $(GO) build -o $(BIN)/trace-demo ./trace-demo
 
 # Jaeger v2, built from its Go module pinned in tools/jaeger (a module of its
 # own, so the library's go.mod stays clean): about 5 minutes the first time.
@@ -66,7 +67,7 @@ trace-mesh: $(BIN)/jaeger build ## Jaeger and the mesh lab's chain (user -> gate
 
 .PHONY: e2e
 e2e: $(BIN)/jaeger build ## End-to-end: the trace demo against a real Jaeger, every trace read back through its HTTP API
-	HERDGUARD_E2E=1 HERDGUARD_BIN=$(BIN) $(GO) test -count=1 -v -run E2E ./cmd/trace-demo/
+	cd cmd && HERDGUARD_E2E=1 HERDGUARD_BIN=$(BIN) $(GO) test -count=1 -v -run E2E ./trace-demo/
 
 # The demo's brownout: steady load through a capacity cut of the sticky
 # server, at scale 2 (about 30 s): at scale 4 its 25 ms windows are within
@@ -98,11 +99,11 @@ demo: build ggm-tier ## Start the demo server on 127.0.0.1, run the client again
 	echo; echo "Retries at one layer in a mesh (issue 33): three hops, every tier a process of its own:"; \
 	$(BIN)/demo-client -mesh -server-bin $(BIN)/demo-server -ggm-tier-bin $(BIN)/ggm-tier $(DEMO_MESH_ARGS)
 
-# go-grpc-middleware's tier for the mesh lab, from module bench (herdguard's
+# go-grpc-middleware's tier for the mesh lab, in module cmd (the library's
 # own module does not depend on go-grpc-middleware).
 .PHONY: ggm-tier
-ggm-tier: ## Build bench/cmd/ggm-tier, the mesh lab's go-grpc-middleware tier, into ./bin
-	cd bench && $(GO) build -o ../bin/ggm-tier ./cmd/ggm-tier
+ggm-tier: ## Build cmd/ggm-tier, the mesh lab's go-grpc-middleware tier, into ./bin
+	cd cmd && $(GO) build -o $(BIN)/ggm-tier ./ggm-tier
 
 # make mesh MESH_ARGS='-runs 1 -scale 2' for a quick look.
 MESH_ARGS ?= -runs 3 -scale 1
@@ -129,7 +130,7 @@ storm: build ## The storm lab at full scale, medians of 3: the herds, the browno
 
 .PHONY: fleet-demo
 fleet-demo: ## The fleet scenario: 8 replica processes, own breakers or one shared through a real Redis (needs redis-server)
-	cd redisfleet && $(GO) build -o $(BIN)/fleet-lab ./cmd/fleet-lab
+	cd cmd && $(GO) build -o $(BIN)/fleet-lab ./fleet-lab
 	$(BIN)/fleet-lab $(FLEET_ARGS)
 
 .PHONY: bench
@@ -141,7 +142,7 @@ bench: $(BIN)/benchstat ## Run the benchmarks (5 times each), the storm table an
 	$(BIN)/benchstat $(BENCH_OUT)/core.txt > $(BENCH_OUT)/core-summary.txt
 	$(BIN)/benchstat -col /peer $(BENCH_OUT)/peers.txt > $(BENCH_OUT)/peers-summary.txt
 	$(BIN)/benchstat $(BENCH_OUT)/fleet.txt > $(BENCH_OUT)/fleet-summary.txt
-	cd redisfleet && $(GO) run ./cmd/fleet-lab 2>/dev/null > ../$(BENCH_OUT)/fleet-lab.txt
+	cd cmd && $(GO) run ./fleet-lab 2>/dev/null > ../$(BENCH_OUT)/fleet-lab.txt
 	cd bench && HERDGUARD_STORM=1 $(GO) test -run TestStormTable -count=1 -v . | grep -v '^[=-]\{3\}' | sed '/^ok\|^PASS/d' > ../$(BENCH_OUT)/storm.txt
 	cd bench && HERDGUARD_STORM=1 $(GO) test -run TestHedgeTable -count=1 -v . | grep -v '^[=-]\{3\}' | sed '/^ok\|^PASS/d' > ../$(BENCH_OUT)/hedge.txt
 	@{ echo "# Benchmarks"; echo; \
@@ -158,8 +159,9 @@ bench: $(BIN)/benchstat ## Run the benchmarks (5 times each), the storm table an
 	@echo "wrote docs/benchmarks.md"
 
 .PHONY: lint
-lint: $(BIN)/buf ## go vet, gofmt, buf lint, buf format, and a check that generated code is fresh
+lint: $(BIN)/buf ## go vet (every module), gofmt, buf lint, buf format, and a check that generated code is fresh
 	$(GO) vet ./...
+	for m in cmd bench conformance redisfleet; do (cd $$m && $(GO) vet ./...); done
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	if [ -n "$$out" ]; then echo "gofmt wants to change:"; echo "$$out"; exit 1; fi
 	$(BIN)/buf lint

@@ -6,6 +6,7 @@ require (
 	github.com/failsafe-go/failsafe-go v0.9.8
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
 	github.com/herdguard/herdguard v0.0.0
+	github.com/herdguard/herdguard/cmd v0.0.0
 	github.com/sony/gobreaker/v2 v2.4.0
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.72.0
 	go.opentelemetry.io/otel/sdk v1.47.0
@@ -36,4 +37,8 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-replace github.com/herdguard/herdguard => ../
+replace (
+	github.com/herdguard/herdguard => ../
+	github.com/herdguard/herdguard/cmd => ../cmd
+	github.com/herdguard/herdguard/redisfleet => ../redisfleet
+)

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/herdguard/herdguard/interceptor"
-	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/cmd/stormlab"
 	"github.com/herdguard/herdguard/policy"
 )
 

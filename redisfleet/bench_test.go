@@ -15,7 +15,7 @@ import (
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/interceptor"
 	"github.com/herdguard/herdguard/redisfleet"
-	"github.com/herdguard/herdguard/redisfleet/internal/redistest"
+	"github.com/herdguard/herdguard/internal/redistest"
 )
 
 // gobreakerStore is gobreaker's SharedDataStore over go-redis, as its

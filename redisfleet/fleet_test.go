@@ -20,7 +20,7 @@ import (
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/redisfleet"
-	"github.com/herdguard/herdguard/redisfleet/internal/redistest"
+	"github.com/herdguard/herdguard/internal/redistest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

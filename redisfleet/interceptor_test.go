@@ -15,7 +15,7 @@ import (
 	"github.com/herdguard/herdguard/internal/testserver"
 	"github.com/herdguard/herdguard/policy"
 	"github.com/herdguard/herdguard/redisfleet"
-	"github.com/herdguard/herdguard/redisfleet/internal/redistest"
+	"github.com/herdguard/herdguard/internal/redistest"
 )
 
 // TestInterceptorsShareOneBreaker: two replicas' interceptors, each with

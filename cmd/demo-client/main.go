@@ -51,7 +51,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/cmd/stormlab"
 )
 
 type options struct {

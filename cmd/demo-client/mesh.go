@@ -9,7 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/cmd/stormlab"
 )
 
 // runMesh runs the mesh lab: every picked mesh strategy o.runs times in
@@ -194,7 +194,7 @@ func pickMeshStrategies(o options, progress io.Writer) ([]stormlab.MeshStrategy,
 			return nil, fmt.Errorf("-mesh-strategies %q: want some of %s", name, stormlab.MeshStrategyNames())
 		}
 		if ms.External == stormlab.GGMPeer && o.ggmTierBin == "" {
-			return nil, fmt.Errorf("-mesh-strategies %q needs -ggm-tier-bin (cd bench && go build -o ../bin/ggm-tier ./cmd/ggm-tier)", ms.Name)
+			return nil, fmt.Errorf("-mesh-strategies %q needs -ggm-tier-bin (make ggm-tier builds it into bin/)", ms.Name)
 		}
 		out = append(out, ms)
 	}

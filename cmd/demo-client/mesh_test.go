@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/cmd/stormlab"
 )
 
 func TestMeshRejectsBadFlags(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 	tracev1 "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
 
-	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/cmd/stormlab"
 )
 
 // collector is a stand-in OTLP trace collector that counts the spans it

@@ -16,8 +16,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/herdguard/herdguard/internal/jaegerlab"
-	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/cmd/internal/jaegerlab"
+	"github.com/herdguard/herdguard/cmd/stormlab"
 )
 
 // tracing is the client's tracer provider and what it keeps of the spans.

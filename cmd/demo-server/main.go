@@ -38,7 +38,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/cmd/stormlab"
 )
 
 func main() {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/cmd/stormlab"
 )
 
 func TestRefusesToListenBeyondLoopback(t *testing.T) {

@@ -19,8 +19,8 @@ import (
 
 	"github.com/herdguard/herdguard/telemetry"
 
-	"github.com/herdguard/herdguard/internal/jaegerlab"
-	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/cmd/internal/jaegerlab"
+	"github.com/herdguard/herdguard/cmd/stormlab"
 )
 
 // e2e returns the options of an end-to-end run, or skips the test unless

@@ -40,7 +40,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/herdguard/herdguard/internal/jaegerlab"
+	"github.com/herdguard/herdguard/cmd/internal/jaegerlab"
 	"github.com/herdguard/herdguard/internal/proc"
 )
 

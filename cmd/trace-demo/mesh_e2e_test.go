@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/herdguard/herdguard/internal/jaegerlab"
-	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/cmd/internal/jaegerlab"
+	"github.com/herdguard/herdguard/cmd/stormlab"
 )
 
 // TestE2EMeshTraceInJaeger runs trace-demo -mesh against a real Jaeger:

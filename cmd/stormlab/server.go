@@ -4,7 +4,9 @@
 // (the server), and a driver that fires a herd of calls, or a steady load
 // open loop, through herdguard configured as each strategy (or any other
 // client) and reports what the server and the client counted (the client).
-// It uses only herdguard's public API.
+// It drives herdguard through its public API; it reads the span attributes
+// and wire keys herdguard writes by their names in internal/names and
+// internal/wire.
 package stormlab
 
 import (

@@ -121,7 +121,7 @@ func (ms MeshStrategy) hopClient(h int, scale float64, peers TierPeers, tp trace
 	if ms.External != "" {
 		peer, ok := peers[ms.External]
 		if !ok {
-			return nil, nil, fmt.Errorf("mesh strategy %q needs %s's client, which this binary lacks (bench/cmd/ggm-tier has it)", ms.Name, ms.External)
+			return nil, nil, fmt.Errorf("mesh strategy %q needs %s's client, which this binary lacks (cmd/ggm-tier has it)", ms.Name, ms.External)
 		}
 		return peer(meshPeerScenario(scale)), nil, nil
 	}

@@ -128,7 +128,7 @@ p50, p99 (of the ok calls), recovery: counted by the user's client, as in the st
 within user's: the share of leaf attempts whose own deadline was no later than their user's (which rides along
 in metadata), up to 250 ms of transit, and how late the latest was. Every retrying client makes at most 3
 attempts on Unavailable, waits from 100 ms. "go-grpc-middleware at every layer" runs its tiers in
-bench/cmd/ggm-tier, and the user's hop in one more such tier in front of the gateway.`
+cmd/ggm-tier, and the user's hop in one more such tier in front of the gateway.`
 
 // MeshSection is one scenario's rows, to chart.
 type MeshSection struct {

@@ -33,9 +33,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/herdguard/herdguard/internal/proc"
-	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/cmd/stormlab"
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
-	"github.com/herdguard/herdguard/redisfleet/internal/redistest"
+	"github.com/herdguard/herdguard/internal/redistest"
 )
 
 // replicaEnv makes this binary (or a test binary) run as a replica.

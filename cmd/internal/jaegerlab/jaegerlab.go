@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/herdguard/herdguard/internal/proc"
-	"github.com/herdguard/herdguard/internal/stormlab"
+	"github.com/herdguard/herdguard/cmd/stormlab"
 )
 
 // Options say which Jaeger to run and how.

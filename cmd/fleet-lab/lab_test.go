@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/herdguard/herdguard/redisfleet/internal/redistest"
+	"github.com/herdguard/herdguard/internal/redistest"
 )
 
 // TestMain lets the lab start this test binary as its replicas.
