@@ -158,6 +158,10 @@ bench: $(BIN)/benchstat ## Run the benchmarks (5 times each), the storm table an
 	} > docs/benchmarks.md
 	@echo "wrote docs/benchmarks.md"
 
+.PHONY: exports
+exports: ## Count the exported identifiers of the library's packages (the README's packages section)
+	$(GO) run ./tools/exports . ./policy ./breaker ./interceptor ./overload ./mesh ./telemetry ./redisfleet
+
 .PHONY: lint
 lint: $(BIN)/buf ## go vet (every module), gofmt, buf lint, buf format, and a check that generated code is fresh
 	$(GO) vet ./...
