@@ -955,3 +955,31 @@ func (c *manualClock) waitArmedN(t *testing.T, n int) []time.Duration {
 		return a, len(a) >= n
 	})
 }
+
+// BenchmarkHedgeAlone: a hedged call through the interceptor alone, answered
+// before its hedging delay, and one whose first attempt fails non-fatally, so
+// that a hedge goes at once and answers.
+func BenchmarkHedgeAlone(b *testing.B) {
+	run := func(b *testing.B, inv grpc.UnaryInvoker) {
+		p := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour, NonFatalCodes: []codes.Code{codes.Unavailable}}}
+		room := policy.Budget{Ratio: 1, MinPerSecond: 1e9} // every hedge passes
+		u, cc := alone(b, WithTracerProvider(noopTP()), WithMeterProvider(noopMP()), WithPolicy(p),
+			WithRetryBudget(room), WithHedgeBudget(room))
+		ctx, reply := context.Background(), &testgrpc.SimpleResponse{}
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := u(ctx, testserver.MethodUnary, nil, reply, cc, inv); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Run("answered-in-time", func(b *testing.B) { run(b, nopInvoker) })
+	b.Run("first-fails", func(b *testing.B) {
+		run(b, func(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+			if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(wire.AttemptKey)) == 0 {
+				return status.Error(codes.Unavailable, "down")
+			}
+			return nil
+		})
+	})
+}

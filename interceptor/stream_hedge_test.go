@@ -850,3 +850,60 @@ func TestHedgedStreamPushbackOutlastsAnOpeningHedge(t *testing.T) {
 	clk.Advance(time.Second)
 	sc.wait(t, 3)
 }
+
+// benchStream is a server stream that answers at once: headers, one
+// message, then the end.
+type benchStream struct {
+	ctx  context.Context
+	recv int
+}
+
+func (s *benchStream) Header() (metadata.MD, error) { return benchHeader, nil }
+func (s *benchStream) Trailer() metadata.MD         { return nil }
+func (s *benchStream) CloseSend() error             { return nil }
+func (s *benchStream) Context() context.Context     { return s.ctx }
+func (s *benchStream) SendMsg(any) error            { return nil }
+func (s *benchStream) RecvMsg(any) error {
+	if s.recv++; s.recv > 1 {
+		return io.EOF
+	}
+	return nil
+}
+
+var benchHeader = metadata.Pairs("k", "v")
+
+// BenchmarkStreamAlone: a server stream through the interceptor alone,
+// retried and hedged, that answers at once.
+func BenchmarkStreamAlone(b *testing.B) {
+	run := func(b *testing.B, p policy.Policy) {
+		ic, err := New(WithTracerProvider(noopTP()), WithMeterProvider(noopMP()), WithPolicy(p))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, cc := alone(b)
+		desc := &grpc.StreamDesc{ServerStreams: true}
+		streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+			return &benchStream{ctx: ctx}, nil
+		}
+		ctx, req, resp := context.Background(), &testgrpc.StreamingOutputCallRequest{}, &testgrpc.StreamingOutputCallResponse{}
+		b.ReportAllocs()
+		for b.Loop() {
+			s, err := ic.Stream()(ctx, desc, cc, "/grpc.testing.TestService/StreamingOutputCall", streamer)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.SendMsg(req); err != nil {
+				b.Fatal(err)
+			}
+			_ = s.CloseSend()
+			if err := s.RecvMsg(resp); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.RecvMsg(resp); err != io.EOF {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Run("retried", func(b *testing.B) { run(b, policy.Policy{}) })
+	b.Run("hedged", func(b *testing.B) { run(b, policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour}}) })
+}
