@@ -25,11 +25,11 @@ import (
 
 // hedgeCall is one hedged unary call (gRFC A6's hedging policy). Its first
 // attempt runs on the caller's goroutine, each hedge on a goroutine of its
-// own. The first attempt goes at once, each next one after the hedging delay,
-// or at once after a non-fatal failure, or after the server's pushback. The
-// first answer (a reply, or a fatal failure) decides the call and cancels
-// every other attempt; the caller sees exactly that answer. If every attempt
-// fails non-fatally and no more may go, the last failure decides it.
+// own. When each goes, and how a failed one is judged, is the hedger's
+// (sched). The first answer (a reply, or a fatal failure) decides the call
+// and cancels every other attempt; the caller sees exactly that answer. If
+// every attempt fails non-fatally and no more may go, the last failure
+// decides it.
 //
 // hedgeCalls are pooled per interceptor with their first attempt, their
 // channel and their timer, so that a call answered before its hedging delay
@@ -41,7 +41,6 @@ type hedgeCall struct {
 	// here, does not escape to the heap.
 	c   unaryCall
 	ctx context.Context
-	hedgeRules
 	// catch is true when attempts catch their header and trailer: only a
 	// non-fatal code, throttling, or a caller who asked for them makes them
 	// matter, and gRPC copies what is caught.
@@ -59,7 +58,6 @@ type hedgeCall struct {
 	replyType protoreflect.MessageType
 	replyElem reflect.Type
 	done      chan struct{}    // one value once the call is decided
-	fire      func()           // h.onTimer, made once
 	first     hedgeAttempt     // the first attempt
 	inline    [4]*hedgeAttempt // attempts' first backing array
 	// wg counts the hedges' goroutines and the timer's pending or running
@@ -68,22 +66,14 @@ type hedgeCall struct {
 
 	// mu guards the fields below. It is never held while an attempt runs.
 	mu          sync.Mutex
+	sched       hedger // with its timer, kept with the pooled call
 	attempts    []*hedgeAttempt
 	outstanding int
-	timer       timer
-	noMore      bool          // no further hedge may go
-	refused     string        // what refused a hedge: "breaker", "overload", "throttling", "hedge_budget" or "ratio"
-	stopped     bool          // a pushback said not to hedge again
 	decided     bool          //
 	winner      *hedgeAttempt // the attempt that decided the call; nil if all failed
 	err         error         // the call's error
-	last        error         // the last non-fatal failure
-	lastBy      *hedgeAttempt // the attempt that failed with last
+	lastBy      *hedgeAttempt // the attempt that failed with the last non-fatal failure
 	numbers     retryNumbers
-	// notBefore is when a pushback lets the next hedge go; zero once a
-	// hedge went after it. A callback of a timer that fired just before
-	// the pushback set it again sends nothing sooner.
-	notBefore time.Time
 }
 
 // hedgeAttempt is one attempt of a hedged call.
@@ -105,7 +95,7 @@ type hedgeAttempt struct {
 
 func newHedgeCall() any {
 	h := &hedgeCall{done: make(chan struct{}, 1)}
-	h.fire = h.onTimer
+	h.sched.call, h.sched.fire, h.sched.wg = h, h.onTimer, &h.wg
 	return h
 }
 
@@ -115,11 +105,11 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 	h := c.ic.hedgeCalls.Get().(*hedgeCall)
 	defer h.release(c.ic)
 	h.c, h.ctx = *c, ctx
-	h.hedgeRules = c.ic.hedgeRulesFor(c.p, c.method, targetOf(c.cc), c.lim, c.breaker, maxAttempts)
+	h.sched.startLocked(c.ic, c.p, c.method, c.ic.hedgeRulesFor(c.p, c.method, targetOf(c.cc), c.lim, c.breaker, maxAttempts))
 	h.attempts = h.inline[:0]
 	n := len(c.buf.opts) - catchers
 	h.opts, h.want = splitCatchers(c.buf.opts[:n:n]) // capped, as in attempt
-	h.catch = c.p.nonFatal != 0 || h.throttle != nil || h.want.header != nil || h.want.trailer != nil
+	h.catch = c.p.nonFatal != 0 || h.sched.throttle != nil || h.want.header != nil || h.want.trailer != nil
 	if m, ok := c.reply.(proto.Message); ok {
 		h.replyType = m.ProtoReflect().Type()
 	} else {
@@ -129,7 +119,7 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 	h.mu.Lock()
 	first := h.newAttemptLocked(1)
 	h.outstanding = 1
-	h.armLocked(h.delay)
+	h.sched.armLocked(h.sched.delay)
 	h.mu.Unlock()
 	h.report(first, h.run(first))
 
@@ -146,13 +136,13 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 		<-h.done
 	}
 	h.mu.Lock()
-	h.stopTimerLocked()
+	h.sched.stopTimerLocked()
 	h.mu.Unlock()
 	h.wg.Wait() // every loser has ended: the reply is the winner's alone
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	c.outcome, c.clientErr, c.gaveUpBelow = h.c.outcome, h.c.clientErr, h.c.gaveUpBelow
+	c.outcome, c.clientErr, c.gaveUpBelow = h.c.outcome, h.c.clientErr, h.sched.gaveUpBelow
 	c.attempts, c.hedges = len(h.attempts), len(h.attempts)-1
 	if w := h.winner; w != nil && h.err == nil {
 		c.winner = w.n
@@ -165,8 +155,8 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 	}
 	if h.err == nil {
 		c.outcome = OutcomeOK
-		if h.throttle != nil {
-			h.throttle.Success()
+		if h.sched.throttle != nil {
+			h.sched.throttle.Success()
 		}
 	}
 	return h.err
@@ -191,7 +181,7 @@ func (h *hedgeCall) newAttemptLocked(n int) *hedgeAttempt {
 		}
 	} else {
 		a = &hedgeAttempt{n: n}
-		ctx = h.numbers.context(ctx, n, h.max)
+		ctx = h.numbers.context(ctx, n, h.sched.max)
 		if h.replyType != nil {
 			a.reply = h.replyType.New().Interface()
 		} else {
@@ -223,7 +213,7 @@ func (h *hedgeCall) run(a *hedgeAttempt) error {
 	}
 	// Latency is recorded for a latency-aware delay, and for the overload
 	// controller while it paces.
-	if h.window != nil || c.ctl != nil && c.ctl.Pacing() {
+	if h.sched.window != nil || c.ctl != nil && c.ctl.Pacing() {
 		a.start = c.ic.clock.Now()
 	}
 	a.live = ctx.Err() == nil
@@ -253,8 +243,8 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 		attemptDoneAfter(c.ctl, err, c.ic.clock, a.start)
 	}
 
-	if err == nil && h.window != nil {
-		h.window.Record(elapsed) // an attempt cancelled as a loser ends with an error
+	if err == nil && h.sched.window != nil {
+		h.sched.window.Record(elapsed) // an attempt cancelled as a loser ends with an error
 	}
 	c.ic.attemptEnded(h.ctx, c.method, a.span, a.n, err, a.n > 1, won)
 }
@@ -262,72 +252,30 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 // judgeLocked decides the call on attempt a's end, or goes on hedging.
 func (h *hedgeCall) judgeLocked(a *hedgeAttempt, err error) {
 	if err == nil {
-		h.hedges.Call() // an answer earns hedges
+		h.sched.answeredLocked()
 		h.decideLocked(a, nil, OutcomeOK)
 		return
 	}
-	c := &h.c
-	code := status.Code(err)
-	headers := *a.header != nil
-	nonFatal := c.p.nonFatalCode(code) && !headers && !clientSide(err) && h.ctx.Err() == nil
-	wait, ok, present := pushback(*a.trailer)
-	if nonFatal || present && !ok {
-		// gRFC A6: a non-fatal failure, or a pushback that says stop,
-		// counts as a failure for throttling.
-		if h.throttle != nil {
-			h.throttle.Failure()
-		}
+	v := h.sched.failedLocked(h.ctx, err, *a.trailer, *a.header != nil, false)
+	if v.step != hedgeFatal {
+		h.lastBy = a
 	}
-	if present && !ok {
-		h.noMore, h.stopped = true, true
-		c.gaveUpBelow = c.gaveUpBelow || gaveUpBelow(*a.trailer)
-	}
-	switch {
-	case h.ctx.Err() != nil:
-		h.decideLocked(a, err, contextOutcome(h.ctx.Err()))
-		return
-	case headers:
-		h.decideLocked(a, err, OutcomeFailedAfterCommit)
-		return
-	case !nonFatal:
-		c.clientErr = clientSide(err)
-		h.decideLocked(a, err, OutcomeNotRetryable)
-		return
-	}
-	h.last, h.lastBy = err, a
-	if present && ok {
-		if deadline, has := h.ctx.Deadline(); has && h.outstanding == 0 && c.ic.clock.Now().Add(wait).After(deadline) {
-			// no attempt in flight, and the next could not go in time
-			h.decideLocked(nil, &RetryError{Attempts: len(h.attempts), Outcome: OutcomeDeadline, Err: err}, OutcomeDeadline)
-			return
-		}
-		h.notBefore = c.ic.clock.Now().Add(wait)
-		h.armLocked(wait) // the next hedge after the pushback, if any
-	} else {
-		h.hedgeLocked() // the next hedge at once
-	}
-	h.endIfExhaustedLocked()
+	h.goOnLocked(a, v)
 }
 
-// endIfExhaustedLocked ends a call with no attempt in flight and none to
-// come, after at least one failed: by its context when that ended, else
-// with the last failure, saying why no attempt follows.
-func (h *hedgeCall) endIfExhaustedLocked() {
-	if h.decided || h.outstanding > 0 || h.last == nil || !h.noMore && len(h.attempts) < h.max {
-		return
+// goOnLocked does what the hedger said, after attempt a (nil: the timer).
+func (h *hedgeCall) goOnLocked(a *hedgeAttempt, v hedgeVerdict) {
+	switch v.step {
+	case hedgeSend:
+		h.sendLocked()
+	case hedgeFatal:
+		if v.outcome == OutcomeNotRetryable {
+			h.c.clientErr = clientSide(v.err)
+		}
+		h.decideLocked(a, v.err, v.outcome)
+	case hedgeOver:
+		h.decideLocked(nil, v.err, v.outcome)
 	}
-	if err := h.ctx.Err(); err != nil {
-		h.decideLocked(nil, status.FromContextError(err).Err(), contextOutcome(err))
-		return
-	}
-	outcome := OutcomeExhausted
-	switch {
-	case h.stopped:
-		outcome = OutcomePushbackStop
-	case h.refused != "":
-		outcome = OutcomeBudgetExhausted
-	}
-	h.decideLocked(nil, &RetryError{Attempts: len(h.attempts), Outcome: outcome, Err: h.last}, outcome)
 }
 
 // decideLocked ends the call with err, decided by attempt a (nil when all
@@ -337,8 +285,7 @@ func (h *hedgeCall) decideLocked(a *hedgeAttempt, err error, outcome Outcome) {
 		return
 	}
 	h.decided, h.winner, h.err, h.c.outcome = true, a, err, outcome
-	h.noMore = true
-	h.stopTimerLocked()
+	h.sched.endLocked()
 	for _, o := range h.attempts {
 		if o != a {
 			o.cancel()
@@ -347,26 +294,14 @@ func (h *hedgeCall) decideLocked(a *hedgeAttempt, err error, outcome Outcome) {
 	h.done <- struct{}{}
 }
 
-// hedgeLocked sends the next hedge, if the call is undecided, attempts
-// remain, and the rules allow it, and arms the timer for the one after.
-func (h *hedgeCall) hedgeLocked() {
-	if h.decided || h.noMore || len(h.attempts) >= h.max {
-		return
-	}
-	if h.ctx.Err() != nil {
-		h.noMore = true
-		return
-	}
-	if kind := h.refusal(); kind != "" {
-		h.refuseLocked(kind)
-		return
-	}
+// sendLocked sends the next hedge, which the hedger let go, and arms the
+// timer for the one after.
+func (h *hedgeCall) sendLocked() {
 	a := h.newAttemptLocked(len(h.attempts) + 1)
-	h.notBefore = time.Time{} // the pushback's wait, if any, is over
 	h.outstanding++
 	// The timer for the one after is armed before the hedge goes, so that
 	// it is set by the time the hedge can reach the server.
-	h.armLocked(h.delay)
+	h.sched.armLocked(h.sched.delay)
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
@@ -374,57 +309,27 @@ func (h *hedgeCall) hedgeLocked() {
 	}()
 }
 
-// refuseLocked stops hedging because the breaker, the throttling or the
-// budget refused a hedge, and counts the refusal. A call whose attempts have
-// all failed then ends.
-func (h *hedgeCall) refuseLocked(kind string) {
-	h.noMore, h.refused = true, kind
-	h.c.ic.metering.refusal(h.ctx, h.c.method, kind)
-	h.endIfExhaustedLocked()
-}
+// attemptsLocked tells the hedger the attempts sent and in flight.
+func (h *hedgeCall) attemptsLocked() (sent, inFlight int) { return len(h.attempts), h.outstanding }
 
-// armLocked sets the timer to send the next hedge after d, if another may
-// go. Every callback the timer will run is counted in wg.
-func (h *hedgeCall) armLocked(d time.Duration) {
-	if h.decided || h.noMore || len(h.attempts) >= h.max {
-		return
-	}
-	if h.timer == nil {
-		h.wg.Add(1)
-		h.timer = h.c.ic.clock.AfterFunc(d, h.fire) // kept with the pooled call
-		return
-	}
-	if !h.timer.Reset(d) {
-		h.wg.Add(1) // it had fired: a new callback is scheduled
-	}
-}
-
-// stopTimerLocked stops the timer; a callback it will no longer run is
-// taken off wg.
-func (h *hedgeCall) stopTimerLocked() {
-	if h.timer != nil && h.timer.Stop() {
-		h.wg.Done()
-	}
-}
-
-// onTimer is the timer's callback: the hedging delay passed.
+// onTimer is the timer's callback: the hedging delay, or a pushback's,
+// passed.
 func (h *hedgeCall) onTimer() {
 	defer h.wg.Done()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.notBefore.IsZero() && h.c.ic.clock.Now().Before(h.notBefore) {
-		h.endIfExhaustedLocked()
-		return // it fired before a pushback set it again, and runs again then
+	if !h.decided {
+		h.goOnLocked(nil, h.sched.timerLocked(h.ctx))
 	}
-	h.hedgeLocked()
-	h.endIfExhaustedLocked() // a pushback delayed this hedge after every attempt had failed, and it may not go
 }
 
 // release returns h to ic's pool once nothing refers to it any more: the
 // caller has waited for every hedge and timer callback (wg). What the call
 // held is dropped; the channel, the timer and the backing arrays stay.
 func (h *hedgeCall) release(ic *Interceptor) {
-	*h = hedgeCall{done: h.done, fire: h.fire, timer: h.timer}
+	sched := h.sched
+	sched.release()
+	*h = hedgeCall{done: h.done, sched: sched}
 	ic.hedgeCalls.Put(h)
 }
 
