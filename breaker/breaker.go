@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/errs"
+
 	"github.com/sony/gobreaker/v2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -49,7 +51,7 @@ func fromGobreaker(s gobreaker.State) State {
 }
 
 // ErrOpen is wrapped by every error of a call the breaker refused.
-var ErrOpen = errors.New("circuit breaker is open")
+var ErrOpen = errs.New("circuit breaker is open")
 
 // OpenError is the error of a call that a breaker refused without sending
 // anything. It wraps [ErrOpen], and status.Code reports codes.Unavailable.

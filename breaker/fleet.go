@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/errs"
+
 	"github.com/herdguard/herdguard"
 )
 
@@ -62,7 +64,7 @@ type ProbeLease interface {
 
 // ErrProbesTaken is returned by [FleetMember.Probe] when the fleet's probe
 // leases for this open period are all taken.
-var ErrProbesTaken = errors.New("breaker: the fleet's probes are taken")
+var ErrProbesTaken = errs.New("breaker: the fleet's probes are taken")
 
 // The fleet's state as a [FleetView] holds it.
 const (

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/errs"
+
 	"github.com/herdguard/herdguard"
 )
 
@@ -53,7 +55,7 @@ func ParseScope(s string) (Scope, error) {
 	case "method":
 		return PerMethod, nil
 	}
-	return 0, fmt.Errorf("breaker: unknown scope %q (want target or method)", s)
+	return 0, errs.Errorf("breaker: unknown scope %q (want target or method)", s)
 }
 
 // Settings configures the breakers of a [Group]. A zero field means its
@@ -138,21 +140,21 @@ type Settings struct {
 func (s Settings) Validate() error {
 	switch {
 	case math.IsNaN(s.FailureRatio) || s.FailureRatio < 0 || s.FailureRatio > 1:
-		return fmt.Errorf("breaker: FailureRatio = %v: must be in [0, 1]", s.FailureRatio)
+		return errs.Errorf("breaker: FailureRatio = %v: must be in [0, 1]", s.FailureRatio)
 	case s.DownAfter < 0:
-		return fmt.Errorf("breaker: DownAfter = %v: must not be negative", s.DownAfter)
+		return errs.Errorf("breaker: DownAfter = %v: must not be negative", s.DownAfter)
 	case s.Window < 0:
-		return fmt.Errorf("breaker: Window = %v: must not be negative", s.Window)
+		return errs.Errorf("breaker: Window = %v: must not be negative", s.Window)
 	case s.Window > 0 && s.Window < windowBuckets:
-		return fmt.Errorf("breaker: Window = %v: must be at least %dns to split into buckets", s.Window, windowBuckets)
+		return errs.Errorf("breaker: Window = %v: must be at least %dns to split into buckets", s.Window, windowBuckets)
 	case s.OpenTimeout < 0:
-		return fmt.Errorf("breaker: OpenTimeout = %v: must not be negative", s.OpenTimeout)
+		return errs.Errorf("breaker: OpenTimeout = %v: must not be negative", s.OpenTimeout)
 	case s.MaxOpenTimeout < 0:
-		return fmt.Errorf("breaker: MaxOpenTimeout = %v: must not be negative", s.MaxOpenTimeout)
+		return errs.Errorf("breaker: MaxOpenTimeout = %v: must not be negative", s.MaxOpenTimeout)
 	case s.MaxOpenTimeout > 0 && s.MaxOpenTimeout < s.OpenTimeout:
-		return fmt.Errorf("breaker: MaxOpenTimeout = %v: must not be below OpenTimeout (%v)", s.MaxOpenTimeout, s.OpenTimeout)
+		return errs.Errorf("breaker: MaxOpenTimeout = %v: must not be below OpenTimeout (%v)", s.MaxOpenTimeout, s.OpenTimeout)
 	case s.Scope != PerTarget && s.Scope != PerMethod:
-		return fmt.Errorf("breaker: Scope = %d: must be PerTarget or PerMethod", int(s.Scope))
+		return errs.Errorf("breaker: Scope = %d: must be PerTarget or PerMethod", int(s.Scope))
 	}
 	return nil
 }

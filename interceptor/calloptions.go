@@ -1,7 +1,7 @@
 package interceptor
 
 import (
-	"fmt"
+	"github.com/herdguard/herdguard/internal/errs"
 
 	"google.golang.org/grpc"
 
@@ -18,7 +18,7 @@ import (
 func CallPolicy(p policy.Policy) grpc.CallOption {
 	o := &callPolicyOption{}
 	if err := p.Validate(); err != nil {
-		o.err = fmt.Errorf("interceptor: CallPolicy: %w", err)
+		o.err = errs.Errorf("interceptor: CallPolicy: %w", err)
 	} else {
 		o.p = newResolved(p)
 	}

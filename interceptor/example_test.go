@@ -45,8 +45,8 @@ func ExampleNew_invalid() {
 	_, err = interceptor.New(interceptor.WithMethodPolicy("pkg.Svc/Method", policy.Default()))
 	fmt.Println(err)
 	// Output:
-	// interceptor: WithPolicy: policy: Multiplier = 0.5: must be 0 (default) or at least 1
-	// interceptor: WithMethodPolicy: method name "pkg.Svc/Method" must look like "/pkg.Service/Method" or "/pkg.Service/"
+	// herdguard: interceptor: WithPolicy: policy: Multiplier = 0.5: must be 0 (default) or at least 1
+	// herdguard: interceptor: WithMethodPolicy: method name "pkg.Svc/Method" must look like "/pkg.Service/Method" or "/pkg.Service/"
 }
 
 // Different methods can retry differently; a method's own policy wins over
@@ -171,7 +171,7 @@ func ExampleWithMethodPolicy_hedging() {
 	fmt.Println(err)
 	// Output:
 	// true <nil>
-	// interceptor: WithMethodPolicy("/shop.v1.Catalog/Get"): policy: MaxAttempts = 3: set beside Hedging: a call is retried or hedged, never both (gRFC A6); leave the retry fields zero
+	// herdguard: interceptor: WithMethodPolicy("/shop.v1.Catalog/Get"): policy: MaxAttempts = 3: set beside Hedging: a call is retried or hedged, never both (gRFC A6); leave the retry fields zero
 }
 
 // gRFC A6's hedgingPolicy, from a service config.
@@ -188,7 +188,7 @@ func ExampleWithServiceConfig_hedging() {
 	fmt.Println(err)
 	// Output:
 	// true <nil>
-	// interceptor: WithServiceConfig: policy: service config: methodConfig[0].hedgingPolicy.nonFatalStatusCodes[0] = "unavailable": want an upper-case name such as "UNAVAILABLE" or a number from 0 to 16, as gRPC reads it: invalid code: "\"unavailable\""
+	// herdguard: interceptor: WithServiceConfig: policy: service config: methodConfig[0].hedgingPolicy.nonFatalStatusCodes[0] = "unavailable": want an upper-case name such as "UNAVAILABLE" or a number from 0 to 16, as gRPC reads it: invalid code: "\"unavailable\""
 }
 
 // The overload controller is on by default. Tune it, for a server whose

@@ -1,10 +1,11 @@
 package interceptor
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"github.com/herdguard/herdguard/internal/errs"
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -186,7 +187,7 @@ func WithServiceConfig(json string) Option {
 		sc, err := policy.ParseServiceConfig([]byte(json))
 		if err != nil {
 			if c.err == nil {
-				c.err = fmt.Errorf("interceptor: WithServiceConfig: %w", err)
+				c.err = errs.Errorf("interceptor: WithServiceConfig: %w", err)
 			}
 			return
 		}
@@ -292,43 +293,43 @@ func (c *config) validate() error {
 		return c.err
 	}
 	if err := c.policy.Validate(); err != nil {
-		return fmt.Errorf("interceptor: WithPolicy: %w", err)
+		return errs.Errorf("interceptor: WithPolicy: %w", err)
 	}
 	for _, name := range c.methodOrder {
 		if !validMethodName(name) {
-			return fmt.Errorf(`interceptor: WithMethodPolicy: method name %q must look like "/pkg.Service/Method" or "/pkg.Service/"`, name)
+			return errs.Errorf(`interceptor: WithMethodPolicy: method name %q must look like "/pkg.Service/Method" or "/pkg.Service/"`, name)
 		}
 		if err := c.methods[name].Validate(); err != nil {
-			return fmt.Errorf("interceptor: WithMethodPolicy(%q): %w", name, err)
+			return errs.Errorf("interceptor: WithMethodPolicy(%q): %w", name, err)
 		}
 	}
 	if c.throttling != nil {
 		if err := c.throttling.Validate(); err != nil {
-			return fmt.Errorf("interceptor: WithRetryThrottling: %w", err)
+			return errs.Errorf("interceptor: WithRetryThrottling: %w", err)
 		}
 	}
 	if c.budget != nil {
 		if err := c.budget.Validate(); err != nil {
-			return fmt.Errorf("interceptor: WithRetryBudget: %w", err)
+			return errs.Errorf("interceptor: WithRetryBudget: %w", err)
 		}
 	}
 	if err := c.hedgeBudget.Validate(); err != nil {
-		return fmt.Errorf("interceptor: WithHedgeBudget: %w", err)
+		return errs.Errorf("interceptor: WithHedgeBudget: %w", err)
 	}
 	if k := c.idempotencyKey; k != "" && !validMetadataKey(k) {
-		return fmt.Errorf("interceptor: WithIdempotencyKey(%q): want a lower-case metadata key of letters, digits, '-', '_' and '.', not starting with \"grpc-\" nor ending in \"-bin\"", k)
+		return errs.Errorf("interceptor: WithIdempotencyKey(%q): want a lower-case metadata key of letters, digits, '-', '_' and '.', not starting with \"grpc-\" nor ending in \"-bin\"", k)
 	}
 	if c.streamBuffer < 0 {
-		return fmt.Errorf("interceptor: WithStreamBuffer(%d): must not be negative", c.streamBuffer)
+		return errs.Errorf("interceptor: WithStreamBuffer(%d): must not be negative", c.streamBuffer)
 	}
 	if !c.noBreaker {
 		if err := c.breaker.Validate(); err != nil {
-			return fmt.Errorf("interceptor: WithBreaker: %w", err)
+			return errs.Errorf("interceptor: WithBreaker: %w", err)
 		}
 	}
 	if c.overload != nil {
 		if err := c.overload.Validate(); err != nil {
-			return fmt.Errorf("interceptor: WithOverloadControl: %w", err)
+			return errs.Errorf("interceptor: WithOverloadControl: %w", err)
 		}
 	}
 	return nil

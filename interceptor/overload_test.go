@@ -63,7 +63,7 @@ func TestOverloadControlDefault(t *testing.T) {
 		t.Error("a controller with WithoutOverloadControl")
 	}
 	if _, err := New(WithOverloadControl(overload.Settings{FailureRatio: 2})); err == nil ||
-		err.Error() != "interceptor: WithOverloadControl: overload: FailureRatio = 2: must be in [0, 1]" {
+		err.Error() != "herdguard: interceptor: WithOverloadControl: overload: FailureRatio = 2: must be in [0, 1]" {
 		t.Errorf("bad settings: %v", err)
 	}
 }

@@ -1,9 +1,10 @@
 package policy
 
 import (
-	"fmt"
 	"math"
 	"time"
+
+	"github.com/herdguard/herdguard/internal/errs"
 )
 
 // Throttling is gRPC's retryThrottling (gRFC A6): a token bucket per
@@ -19,9 +20,9 @@ type Throttling struct {
 func (t Throttling) Validate() error {
 	switch {
 	case !(t.MaxTokens > 0 && t.MaxTokens <= 1000):
-		return fmt.Errorf("policy: Throttling.MaxTokens = %v: must be in (0, 1000]", t.MaxTokens)
+		return errs.Errorf("policy: Throttling.MaxTokens = %v: must be in (0, 1000]", t.MaxTokens)
 	case !(t.TokenRatio > 0) || math.IsInf(t.TokenRatio, 0):
-		return fmt.Errorf("policy: Throttling.TokenRatio = %v: must be above 0 and finite", t.TokenRatio)
+		return errs.Errorf("policy: Throttling.TokenRatio = %v: must be above 0 and finite", t.TokenRatio)
 	}
 	return nil
 }
@@ -65,13 +66,13 @@ func (b Budget) WithDefaults() Budget {
 func (b Budget) Validate() error {
 	switch {
 	case !(b.Ratio >= 0) || math.IsInf(b.Ratio, 0):
-		return fmt.Errorf("policy: Budget.Ratio = %v: must be 0 (default) or more, and finite", b.Ratio)
+		return errs.Errorf("policy: Budget.Ratio = %v: must be 0 (default) or more, and finite", b.Ratio)
 	case !(b.MinPerSecond >= 0) || math.IsInf(b.MinPerSecond, 0):
-		return fmt.Errorf("policy: Budget.MinPerSecond = %v: must be 0 (default) or more, and finite", b.MinPerSecond)
+		return errs.Errorf("policy: Budget.MinPerSecond = %v: must be 0 (default) or more, and finite", b.MinPerSecond)
 	case b.Window < 0:
-		return fmt.Errorf("policy: Budget.Window = %v: must not be negative", b.Window)
+		return errs.Errorf("policy: Budget.Window = %v: must not be negative", b.Window)
 	case b.Window > 0 && b.Window < 10*time.Millisecond:
-		return fmt.Errorf("policy: Budget.Window = %v: must be at least 10ms", b.Window)
+		return errs.Errorf("policy: Budget.Window = %v: must be at least 10ms", b.Window)
 	}
 	return nil
 }

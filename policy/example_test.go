@@ -48,5 +48,5 @@ func ExamplePolicy_Validate() {
 	p := policy.Default()
 	p.MaxBackoff = time.Millisecond
 	fmt.Println(p.Validate())
-	// Output: policy: MaxBackoff = 1ms: must not be below InitialBackoff (100ms)
+	// Output: herdguard: policy: MaxBackoff = 1ms: must not be below InitialBackoff (100ms)
 }

@@ -1,10 +1,11 @@
 package policy
 
 import (
-	"fmt"
 	"math"
 	"slices"
 	"time"
+
+	"github.com/herdguard/herdguard/internal/errs"
 
 	"google.golang.org/grpc/codes"
 
@@ -75,9 +76,9 @@ func (h Hedging) Validate() error {
 	for i, c := range h.NonFatalCodes {
 		switch {
 		case c == codes.OK || c == codes.Canceled:
-			return fmt.Errorf("policy: Hedging.NonFatalCodes[%d] = %v: %v is not a failure to hedge past", i, c, c)
+			return errs.Errorf("policy: Hedging.NonFatalCodes[%d] = %v: %v is not a failure to hedge past", i, c, c)
 		case !herdguard.IsKnownCode(c):
-			return fmt.Errorf("policy: Hedging.NonFatalCodes[%d] = %d: not a gRPC status code", i, uint32(c))
+			return errs.Errorf("policy: Hedging.NonFatalCodes[%d] = %d: not a gRPC status code", i, uint32(c))
 		}
 	}
 	return nil

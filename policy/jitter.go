@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/herdguard/herdguard/internal/errs"
 )
 
 // Jitter says how a computed backoff is randomised. Jitter is what spreads
@@ -46,7 +48,7 @@ func ParseJitter(s string) (Jitter, error) {
 			return Jitter(i), nil
 		}
 	}
-	return 0, fmt.Errorf("policy: unknown jitter %q (want one of none, full, equal, decorrelated)", s)
+	return 0, errs.Errorf("policy: unknown jitter %q (want one of none, full, equal, decorrelated)", s)
 }
 
 // Apply shapes a raw wait with the random number r in [0, 1). prev is the

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/errs"
+
 	"google.golang.org/grpc/codes"
 
 	"github.com/herdguard/herdguard"
@@ -137,16 +139,16 @@ func (p Policy) Validate() error {
 	for i, c := range p.RetryableCodes {
 		switch {
 		case c == codes.OK || c == codes.Canceled:
-			return fmt.Errorf("policy: RetryableCodes[%d] = %v: %v is not a failure to retry", i, c, c)
+			return errs.Errorf("policy: RetryableCodes[%d] = %v: %v is not a failure to retry", i, c, c)
 		case !herdguard.IsKnownCode(c):
-			return fmt.Errorf("policy: RetryableCodes[%d] = %d: not a gRPC status code", i, uint32(c))
+			return errs.Errorf("policy: RetryableCodes[%d] = %d: not a gRPC status code", i, uint32(c))
 		}
 	}
 	return nil
 }
 
 func fieldError(field string, value any, why string) error {
-	return fmt.Errorf("policy: %s = %v: %s", field, value, why)
+	return errs.Errorf("policy: %s = %v: %s", field, value, why)
 }
 
 // Retryable reports whether code is among the policy's retryable codes

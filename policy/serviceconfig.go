@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/errs"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -108,7 +110,7 @@ type methodConfigJSON struct {
 func ParseServiceConfig(data []byte) (*ServiceConfig, error) {
 	var raw serviceConfigJSON
 	if err := json.Unmarshal(data, &raw); err != nil {
-		return nil, fmt.Errorf("policy: service config: %w", err)
+		return nil, errs.Errorf("policy: service config: %w", err)
 	}
 	sc := &ServiceConfig{Services: map[string]Policy{}, Methods: map[string]Policy{}}
 	seen := map[string]string{}
@@ -125,12 +127,12 @@ func ParseServiceConfig(data []byte) (*ServiceConfig, error) {
 			where := fmt.Sprintf("%s.name[%d]", at, j)
 			key := n.Service + "/" + n.Method
 			if prev, dup := seen[key]; dup {
-				return nil, fmt.Errorf("policy: service config: %s: {service %q, method %q} is named already at %s", where, n.Service, n.Method, prev)
+				return nil, errs.Errorf("policy: service config: %s: {service %q, method %q} is named already at %s", where, n.Service, n.Method, prev)
 			}
 			seen[key] = where
 			switch {
 			case n.Service == "" && n.Method != "":
-				return nil, fmt.Errorf("policy: service config: %s.method = %q: a method needs its service", where, n.Method)
+				return nil, errs.Errorf("policy: service config: %s.method = %q: a method needs its service", where, n.Method)
 			case n.Service == "":
 				p := p
 				sc.Default = &p
@@ -144,13 +146,13 @@ func ParseServiceConfig(data []byte) (*ServiceConfig, error) {
 	if rt := raw.RetryThrottling; rt != nil {
 		switch {
 		case rt.MaxTokens == nil:
-			return nil, fmt.Errorf("policy: service config: retryThrottling.maxTokens is missing")
+			return nil, errs.Errorf("policy: service config: retryThrottling.maxTokens is missing")
 		case rt.TokenRatio == nil:
-			return nil, fmt.Errorf("policy: service config: retryThrottling.tokenRatio is missing")
+			return nil, errs.Errorf("policy: service config: retryThrottling.tokenRatio is missing")
 		}
 		t := Throttling{MaxTokens: *rt.MaxTokens, TokenRatio: *rt.TokenRatio}
 		if err := t.Validate(); err != nil {
-			return nil, fmt.Errorf("policy: service config: retryThrottling: %w", err)
+			return nil, errs.Errorf("policy: service config: retryThrottling: %w", err)
 		}
 		sc.Throttling = &t
 	}
@@ -159,10 +161,10 @@ func ParseServiceConfig(data []byte) (*ServiceConfig, error) {
 
 func (mc methodConfigJSON) policy(at string) (Policy, error) {
 	bad := func(field string, value any, why string) error {
-		return fmt.Errorf("policy: service config: %s.%s = %v: %s", at, field, value, why)
+		return errs.Errorf("policy: service config: %s.%s = %v: %s", at, field, value, why)
 	}
 	badErr := func(field string, value any, err error) error {
-		return fmt.Errorf("policy: service config: %s.%s = %v: %w", at, field, value, err)
+		return errs.Errorf("policy: service config: %s.%s = %v: %w", at, field, value, err)
 	}
 	p := Policy{MaxAttempts: 1}
 	if mc.Timeout != nil {
@@ -177,7 +179,7 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 		p.Timeout = d
 	}
 	if mc.RetryPolicy != nil && mc.HedgingPolicy != nil {
-		return p, fmt.Errorf("policy: service config: %s has both retryPolicy and hedgingPolicy: a method is retried or hedged, never both (gRFC A6)", at)
+		return p, errs.Errorf("policy: service config: %s has both retryPolicy and hedgingPolicy: a method is retried or hedged, never both (gRFC A6)", at)
 	}
 	if mc.HedgingPolicy != nil {
 		return mc.hedging(p, at+".hedgingPolicy")
@@ -189,17 +191,17 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 	at += ".retryPolicy"
 	switch {
 	case rp.MaxAttempts == nil:
-		return p, fmt.Errorf("policy: service config: %s.maxAttempts is missing", at)
+		return p, errs.Errorf("policy: service config: %s.maxAttempts is missing", at)
 	case *rp.MaxAttempts < 2 || *rp.MaxAttempts != math.Trunc(*rp.MaxAttempts):
 		return p, bad("maxAttempts", *rp.MaxAttempts, "must be a whole number of at least 2")
 	case rp.InitialBackoff == nil:
-		return p, fmt.Errorf("policy: service config: %s.initialBackoff is missing", at)
+		return p, errs.Errorf("policy: service config: %s.initialBackoff is missing", at)
 	case rp.MaxBackoff == nil:
-		return p, fmt.Errorf("policy: service config: %s.maxBackoff is missing", at)
+		return p, errs.Errorf("policy: service config: %s.maxBackoff is missing", at)
 	case rp.BackoffMultiplier == nil:
-		return p, fmt.Errorf("policy: service config: %s.backoffMultiplier is missing", at)
+		return p, errs.Errorf("policy: service config: %s.backoffMultiplier is missing", at)
 	case len(rp.RetryableStatusCodes) == 0:
-		return p, fmt.Errorf("policy: service config: %s.retryableStatusCodes is missing or empty", at)
+		return p, errs.Errorf("policy: service config: %s.retryableStatusCodes is missing or empty", at)
 	}
 	p.MaxAttempts = maxAttempts(*rp.MaxAttempts)
 	var err error
@@ -231,7 +233,7 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 	}
 	p.Jitter = FullJitter
 	if err := p.Validate(); err != nil {
-		return p, fmt.Errorf("policy: service config: %s: %w", at, err)
+		return p, errs.Errorf("policy: service config: %s: %w", at, err)
 	}
 	return p, nil
 }
@@ -249,12 +251,12 @@ func maxAttempts(n float64) int {
 // herdguard's default.
 func (mc methodConfigJSON) hedging(p Policy, at string) (Policy, error) {
 	bad := func(field string, value any, why string) error {
-		return fmt.Errorf("policy: service config: %s.%s = %v: %s", at, field, value, why)
+		return errs.Errorf("policy: service config: %s.%s = %v: %s", at, field, value, why)
 	}
 	hp := mc.HedgingPolicy
 	switch {
 	case hp.MaxAttempts == nil:
-		return p, fmt.Errorf("policy: service config: %s.maxAttempts is missing", at)
+		return p, errs.Errorf("policy: service config: %s.maxAttempts is missing", at)
 	case *hp.MaxAttempts < 2 || *hp.MaxAttempts != math.Trunc(*hp.MaxAttempts):
 		return p, bad("maxAttempts", *hp.MaxAttempts, "must be a whole number of at least 2")
 	}
@@ -263,20 +265,20 @@ func (mc methodConfigJSON) hedging(p Policy, at string) (Policy, error) {
 	if hp.HedgingDelay != nil {
 		d, err := parseDuration(*hp.HedgingDelay)
 		if err != nil {
-			return p, fmt.Errorf("policy: service config: %s.hedgingDelay = %s: %w", at, *hp.HedgingDelay, err)
+			return p, errs.Errorf("policy: service config: %s.hedgingDelay = %s: %w", at, *hp.HedgingDelay, err)
 		}
 		h.Delay = max(d, time.Nanosecond)
 	}
 	for i, rc := range hp.NonFatalStatusCodes {
 		c, err := parseCode(rc)
 		if err != nil {
-			return p, fmt.Errorf("policy: service config: %s.nonFatalStatusCodes[%d] = %s: %w", at, i, rc, err)
+			return p, errs.Errorf("policy: service config: %s.nonFatalStatusCodes[%d] = %s: %w", at, i, rc, err)
 		}
 		h.NonFatalCodes = append(h.NonFatalCodes, c)
 	}
 	p.Hedging = h
 	if err := p.Validate(); err != nil {
-		return p, fmt.Errorf("policy: service config: %s: %w", at, err)
+		return p, errs.Errorf("policy: service config: %s: %w", at, err)
 	}
 	return p, nil
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/interceptor"
-	"github.com/herdguard/herdguard/redisfleet"
 	"github.com/herdguard/herdguard/internal/redistest"
+	"github.com/herdguard/herdguard/redisfleet"
 )
 
 // gobreakerStore is gobreaker's SharedDataStore over go-redis, as its

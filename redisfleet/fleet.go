@@ -43,6 +43,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/errs"
+
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
@@ -141,16 +143,16 @@ type event struct {
 // New returns a fleet over opts.Client and starts following its channel.
 func New(opts Options) (*Fleet, error) {
 	if opts.Client == nil {
-		return nil, errors.New("redisfleet: Options.Client is nil: the fleet needs a Redis client")
+		return nil, errs.New("redisfleet: Options.Client is nil: the fleet needs a Redis client")
 	}
 	if opts.Timeout < 0 {
-		return nil, fmt.Errorf("redisfleet: Options.Timeout = %v: must not be negative", opts.Timeout)
+		return nil, errs.Errorf("redisfleet: Options.Timeout = %v: must not be negative", opts.Timeout)
 	}
 	if opts.TTL < 0 {
-		return nil, fmt.Errorf("redisfleet: Options.TTL = %v: must not be negative", opts.TTL)
+		return nil, errs.Errorf("redisfleet: Options.TTL = %v: must not be negative", opts.TTL)
 	}
 	if opts.Queue < 0 {
-		return nil, fmt.Errorf("redisfleet: Options.Queue = %d: must not be negative", opts.Queue)
+		return nil, errs.Errorf("redisfleet: Options.Queue = %d: must not be negative", opts.Queue)
 	}
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
@@ -486,7 +488,7 @@ func (m *member) run(script *redis.Script, extra ...any) (result, error) {
 		return result{}, err
 	}
 	if len(v) < 3 {
-		return result{}, fmt.Errorf("redisfleet: script returned %v", v)
+		return result{}, errs.Errorf("redisfleet: script returned %v", v)
 	}
 	r := result{}
 	r.state, _ = v[0].(string)

@@ -19,8 +19,8 @@ import (
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
-	"github.com/herdguard/herdguard/redisfleet"
 	"github.com/herdguard/herdguard/internal/redistest"
+	"github.com/herdguard/herdguard/redisfleet"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

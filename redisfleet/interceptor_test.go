@@ -12,10 +12,10 @@ import (
 
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/internal/redistest"
 	"github.com/herdguard/herdguard/internal/testserver"
 	"github.com/herdguard/herdguard/policy"
 	"github.com/herdguard/herdguard/redisfleet"
-	"github.com/herdguard/herdguard/internal/redistest"
 )
 
 // TestInterceptorsShareOneBreaker: two replicas' interceptors, each with

@@ -140,7 +140,7 @@ func TestTimingOverloadScenarioShapes(t *testing.T) {
 	}
 	// A budget caps retries across calls: at most its ratio of the calls
 	// started plus its reserve, and it refuses what it does not send (in a
-	// one-shot herd, most retries: see the README). Not compared with the
+	// one-shot herd, most retries: see docs/stormlab.md). Not compared with the
 	// defaults' attempts: how many of the herd's first attempts go out
 	// before the overload controller paces the rest depends on how fast the
 	// machine dispatches the herd, in either run.
