@@ -2,17 +2,18 @@ package overload
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/herdguard/herdguard/internal/errs"
 )
 
 // ErrShed is returned by [Controller.Acquire] for an attempt the controller
 // refused without sending: its deadline could not be met at the rate the
 // server takes.
-var ErrShed = errors.New("overload: attempt shed: the server is overloaded and the deadline cannot be met")
+var ErrShed = errs.New("overload: attempt shed: the server is overloaded and the deadline cannot be met")
 
 // ErrDown is returned by [Controller.Acquire] for an attempt the controller
 // refused without sending because the server has answered nothing: it
@@ -24,7 +25,7 @@ var ErrDown error = downError{}
 type downError struct{}
 
 func (downError) Error() string {
-	return "overload: attempt shed: the server has answered nothing since it collapsed"
+	return errs.Prefix + "overload: attempt shed: the server has answered nothing since it collapsed"
 }
 
 func (downError) Is(target error) bool { return target == ErrShed }

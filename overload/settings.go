@@ -1,9 +1,10 @@
 package overload
 
 import (
-	"fmt"
 	"math"
 	"time"
+
+	"github.com/herdguard/herdguard/internal/errs"
 )
 
 // Defaults that a zero field of [Settings] stands for.
@@ -84,19 +85,19 @@ func (s Settings) WithDefaults() Settings {
 func (s Settings) Validate() error {
 	switch {
 	case s.Interval < 0:
-		return fmt.Errorf("overload: Interval = %v: must not be negative", s.Interval)
+		return errs.Errorf("overload: Interval = %v: must not be negative", s.Interval)
 	case s.MinFailures < 0:
-		return fmt.Errorf("overload: MinFailures = %d: must not be negative", s.MinFailures)
+		return errs.Errorf("overload: MinFailures = %d: must not be negative", s.MinFailures)
 	case math.IsNaN(s.FailureRatio) || s.FailureRatio < 0 || s.FailureRatio > 1:
-		return fmt.Errorf("overload: FailureRatio = %v: must be in [0, 1]", s.FailureRatio)
+		return errs.Errorf("overload: FailureRatio = %v: must be in [0, 1]", s.FailureRatio)
 	case s.Hold < 0:
-		return fmt.Errorf("overload: Hold = %v: must not be negative", s.Hold)
+		return errs.Errorf("overload: Hold = %v: must not be negative", s.Hold)
 	case s.Calm < 0:
-		return fmt.Errorf("overload: Calm = %d: must not be negative", s.Calm)
+		return errs.Errorf("overload: Calm = %d: must not be negative", s.Calm)
 	case math.IsNaN(s.Headroom) || s.Headroom < 0 || s.Headroom > 1:
-		return fmt.Errorf("overload: Headroom = %v: must be in [0, 1]", s.Headroom)
+		return errs.Errorf("overload: Headroom = %v: must be in [0, 1]", s.Headroom)
 	case (s.Now == nil) != (s.AfterFunc == nil):
-		return fmt.Errorf("overload: Now and AfterFunc must be set together")
+		return errs.Errorf("overload: Now and AfterFunc must be set together")
 	}
 	return nil
 }
