@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log"
+	"net"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -90,13 +93,27 @@ func ExampleRetryError() {
 }
 
 // Streams of every kind are retried until they commit; the replay buffer
-// can be sized per interceptor or per call.
+// (256 KiB by default) can be sized per interceptor or per call. Here the
+// server fails the first client stream after reading it whole: herdguard
+// opens a second and replays what the caller sent, and the caller sees one
+// stream that succeeded.
 func ExampleInterceptor_Stream() {
-	ic, err := interceptor.New(interceptor.WithStreamBuffer(64 << 10))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		log.Fatal(err)
 	}
-	cc, err := grpc.NewClient("passthrough:///127.0.0.1:50051",
+	srv := grpc.NewServer()
+	backend := &failFirstStream{}
+	testgrpc.RegisterTestServiceServer(srv, backend)
+	go srv.Serve(lis)
+	defer srv.Stop()
+
+	ic, err := interceptor.New(interceptor.WithStreamBuffer(64<<10),
+		interceptor.WithPolicy(policy.Policy{InitialBackoff: time.Millisecond}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	cc, err := grpc.NewClient("passthrough:///"+lis.Addr().String(),
 		append(ic.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		log.Fatal(err)
@@ -107,11 +124,42 @@ func ExampleInterceptor_Stream() {
 	if err != nil {
 		log.Fatal(err) // the breaker may refuse a stream at creation
 	}
-	for _, r := range []string{"a", "b"} {
-		_ = stream.Send(&testgrpc.StreamingInputCallRequest{Payload: &testgrpc.Payload{Body: []byte(r)}})
+	for _, r := range []string{"a", "bc"} {
+		if err := stream.Send(&testgrpc.StreamingInputCallRequest{Payload: &testgrpc.Payload{Body: []byte(r)}}); err != nil {
+			log.Fatal(err)
+		}
 	}
-	_, err = stream.CloseAndRecv() // a failure before the answer replays "a", "b"
-	_ = err
+	resp, err := stream.CloseAndRecv() // the failure before the answer replays "a", "bc"
+	fmt.Println(resp.GetAggregatedPayloadSize(), "bytes,", err)
+	fmt.Println("streams the server saw:", backend.streams.Load())
+	// Output:
+	// 3 bytes, <nil>
+	// streams the server saw: 2
+}
+
+// failFirstStream reads each client stream whole, fails the first with
+// Unavailable, and answers the others with the bytes they carried.
+type failFirstStream struct {
+	testgrpc.UnimplementedTestServiceServer
+	streams atomic.Int32
+}
+
+func (f *failFirstStream) StreamingInputCall(s testgrpc.TestService_StreamingInputCallServer) error {
+	n := 0
+	for {
+		m, err := s.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		n += len(m.GetPayload().GetBody())
+	}
+	if f.streams.Add(1) == 1 {
+		return status.Error(codes.Unavailable, "restarting")
+	}
+	return s.SendAndClose(&testgrpc.StreamingInputCallResponse{AggregatedPayloadSize: int32(n)})
 }
 
 // The breaker's Verdict says which failures count against a target: here one
