@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -85,9 +84,10 @@ type retryStream struct {
 	cancelTimeout context.CancelFunc
 
 	maxAttempts int
-	// hedge is a hedged stream's state until it commits; nil for a stream
-	// that is retried.
-	hedge *streamHedge
+	// hedged is the hedged stream this one is the base of; nil for a
+	// stream that is retried. Its methods that the end of a stream calls
+	// do nothing when it is nil.
+	hedged *hedgedStream
 
 	// mu guards the fields below. It is held while the stream decides on a
 	// retry, waits before it, and opens and replays the next attempt, so
@@ -146,7 +146,7 @@ type streamAttempt struct {
 	// when it went, while the controller paced (zero: sent while calm).
 	asked, sent time.Time
 	cancel      context.CancelCauseFunc
-	openCtx     context.Context // a hedge's context until openHedge opens it
+	openCtx     context.Context // a hedge's context until hedgedStream.openHedge opens it
 	timeout     *time.Timer     // cancels the attempt at PerAttemptTimeout until commit
 	// fate settles, once, the race between the per-attempt timeout and
 	// the stream's commit: whichever comes first wins (attemptOpen,
@@ -239,35 +239,22 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 			s.maxAttempts = 1 // WithIdempotentOnly: only idempotent methods are hedged
 		}
 		if s.maxAttempts > 1 {
-			s.hedge = s.newHedge()
+			return s.startHedged()
 		}
 	}
 
 	s.mu.Lock()
-	var next *streamAttempt // a hedge to open, if the first attempt failed at once
-	if s.hedge != nil {
-		var over bool
-		if over, err, next = s.hedgeNextLocked(); !over {
-			err = nil
+	s.bs.started()
+	if a, err := s.startLocked(); err != nil {
+		if err = s.retryLocked(a, err); err != nil {
+			s.finishUnlock(err, true)
+			return nil, err
 		}
-	} else {
-		s.bs.started()
-		var a *streamAttempt
-		if a, err = s.startLocked(); err != nil {
-			err = s.retryLocked(a, err)
-		}
-	}
-	if err != nil {
-		s.finishUnlock(err, true)
-		return nil, err
 	}
 	// Under the lock, so that a context already done cannot finish the
 	// stream before unwatch is set.
 	s.unwatch = context.AfterFunc(s.ctx, s.contextDone)
 	s.mu.Unlock()
-	if next != nil {
-		go s.openHedge(next)
-	}
 	return s, nil
 }
 
@@ -319,7 +306,7 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 	if s.ctl != nil && a.live && sent.IsZero() {
 		s.ctl.Sent() // sent while calm: refusals are judged against it
 	}
-	if s.hedge != nil && s.hedge.window != nil { // latency is recorded only for a latency-aware delay
+	if s.hedged.timed() { // latency is recorded only for a latency-aware delay
 		a.started = s.ic.clock.Now()
 	}
 	s.a = a
@@ -593,9 +580,6 @@ func (s *retryStream) bufferLocked(m any) {
 // m itself, and on a replay a message of m's type with the same content.
 func (s *retryStream) SendMsg(m any) error {
 	s.mu.Lock()
-	if s.hedge != nil && !s.committed && !s.finished {
-		return s.hedgeSendLocked(m)
-	}
 	var (
 		err, end, ret error
 		headers       bool
@@ -684,7 +668,6 @@ func (s *retryStream) sendCommitted(a *streamAttempt, m any) error {
 // RecvMsg receives from the current attempt, retrying the stream on a
 // retryable failure before it commits. The first message commits it.
 func (s *retryStream) RecvMsg(m any) error {
-	s.waitHedged()
 	s.mu.Lock()
 	var err, ret error
 	if rerr := s.withRetry(
@@ -784,7 +767,6 @@ func (s *retryStream) finalLocked() error {
 // for a stream that ended without any, and RecvMsg reports how it ended.
 // Headers commit the stream.
 func (s *retryStream) Header() (metadata.MD, error) {
-	s.waitHedged()
 	s.mu.Lock()
 	var (
 		md, retMD metadata.MD
@@ -908,17 +890,6 @@ func (s *retryStream) CloseSend() error {
 		return nil
 	}
 	s.closeSent = true
-	if h := s.hedge; h != nil && !s.committed && !s.finished {
-		// Outside the lock, as SendMsg sends: a hedge opening meanwhile
-		// closes its own once it has caught up.
-		h.sendTo = append(h.sendTo[:0], h.live...)
-		to := h.sendTo
-		s.mu.Unlock()
-		for _, a := range to {
-			_ = a.cs.CloseSend()
-		}
-		return nil
-	}
 	defer s.mu.Unlock()
 	if a := s.a; a.cs != nil {
 		_ = a.cs.CloseSend()
@@ -939,12 +910,7 @@ func (s *retryStream) Context() context.Context {
 // and returns that attempt.
 func (s *retryStream) commitNow() *streamAttempt {
 	s.mu.Lock()
-	switch {
-	case s.finished:
-	case s.hedge != nil && !s.committed:
-		s.hedgeCommitNowUnlock()
-		s.mu.Lock()
-	default:
+	if !s.finished {
 		s.commitLocked(false)
 	}
 	defer s.mu.Unlock()
@@ -970,9 +936,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 		// the context ended while it waited.
 		a = &streamAttempt{ended: true, cancel: func(error) {}}
 	}
-	if s.hedge != nil {
-		s.hedgeEndLocked(a)
-	}
+	s.hedged.endHedgingLocked(a)
 	s.buf, s.ends, s.bufBytes = nil, nil, 0
 	if s.outcome == "" {
 		switch {
@@ -1002,13 +966,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	if unwatch != nil {
 		unwatch()
 	}
-	if h := s.hedge; h != nil && h.want.any() && a.cs != nil {
-		// The caller's Header, Trailer and Peer options, which no attempt
-		// carried: the final attempt's, as gRPC fills them at the end.
-		header, _ := a.cs.Header()
-		p, _ := peer.FromContext(a.cs.Context())
-		h.want.fill(header, a.cs.Trailer(), p)
-	}
+	s.hedged.fillCatchers(a)
 	if release {
 		a.release()
 	} else if a.timeout != nil {
@@ -1101,7 +1059,8 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 	default:
 		attemptDone(s.ctl, err)
 	}
-	s.ic.attemptEnded(s.ctx, s.method, a.span, a.n, err, s.hedge != nil && a.n > 1, s.hedge != nil && s.hedge.winner == a.n)
+	hedge, won := s.hedged.roleOf(a.n)
+	s.ic.attemptEnded(s.ctx, s.method, a.span, a.n, err, hedge, won)
 }
 
 func (s *retryStream) endSpan(err error) {
@@ -1119,12 +1078,7 @@ func (s *retryStream) endSpan(err error) {
 	if s.probe {
 		s.span.SetAttributes(names.AttrBreakerProbe.Bool(true))
 	}
-	if h := s.hedge; h != nil {
-		s.span.SetAttributes(names.AttrHedges.Int(max(s.attempts-1, 0))) // 0 attempts: none sent
-		if h.winner > 0 {
-			s.span.SetAttributes(names.AttrHedgeWinner.Int(h.winner))
-		}
-	}
+	s.hedged.spanAttributes(s.span, s.attempts)
 	attempts, outcome := s.attempts, s.outcome
 	s.mu.Unlock()
 	st := status.Convert(err)

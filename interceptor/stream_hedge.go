@@ -5,32 +5,36 @@ import (
 	"io"
 	"slices"
 	"sync"
-	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
 	"github.com/herdguard/herdguard/telemetry"
 
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
-// streamHedge is what a hedged stream (gRFC A6 hedging) keeps until it
-// commits. Until then every attempt in flight gets every message the caller
-// sends, and a new hedge gets the replay buffer first, opened and replayed
-// to without the stream's lock (openHedge) so that it holds up no other
-// attempt, until it has caught up and joins the others. A goroutine per
-// attempt waits for its response headers: the first attempt to answer wins
-// the stream, which commits to it and cancels the others; the caller's
-// RecvMsg and Header wait for that. An attempt that ends without headers is
-// judged as a hedged unary call's attempt is: a non-fatal failure sends the
-// next hedge at once, a fatal one ends the stream. Once the replay buffer
-// overflows (or the caller calls Context), the stream commits to its oldest
-// attempt in flight, which has every message, and no hedge starts; with
-// none in flight it waits for a hedge being opened, and with none opening
-// either it ends with the last failure.
-type streamHedge struct {
-	hedgeRules
+// hedgedStream is a hedged stream (gRFC A6 hedging): a retryStream,
+// whose replay buffer, attempts and ending it shares, run by the hedger
+// (sched) until it commits. Until then every attempt in flight gets every
+// message the caller sends, and a new hedge gets the replay buffer first,
+// opened and replayed to without the stream's lock (openHedge) so that it
+// holds up no other attempt, until it has caught up and joins the others. A
+// goroutine per attempt waits for its response headers: the first attempt
+// to answer wins the stream, which commits to it and cancels the others;
+// the caller's RecvMsg and Header wait for that. An attempt that ends
+// without headers is judged by the hedger, as a hedged unary call's
+// attempt is. Once the replay buffer overflows (or the caller calls
+// Context), the stream commits to its oldest attempt in flight, which has
+// every message, and no hedge starts; with none in flight it waits for a
+// hedge being opened, and with none opening either it ends with the last
+// failure. Once committed, it is the retryStream it embeds.
+type hedgedStream struct {
+	*retryStream
 	decided chan struct{} // closed once the stream commits or ends
 
 	// want are where the caller's Header, Trailer and Peer options point;
@@ -39,56 +43,72 @@ type streamHedge struct {
 	want callerCatchers
 
 	// guarded by the stream's mu
+	sched   hedger
 	live    []*streamAttempt // attempts open and not ended, oldest first
 	opening []*streamAttempt // hedges being opened and replayed to, without the lock
 	changed *sync.Cond       // on the stream's mu: an opening hedge went live or ended
 	sendTo  []*streamAttempt // SendMsg's copy of live
-	timer   timer
-	noMore  bool
-	stopped bool   // a pushback said not to hedge again
-	refused string // the budget that refused a hedge
-	last    error  // the last non-fatal failure
-	winner  int    // the number of the attempt the stream committed to
-	// notBefore is when a pushback lets the next hedge go; zero once a
-	// hedge went after it. No timer set for the hedging delay, and no
-	// callback of a timer that fired before the pushback, sends it sooner.
-	notBefore time.Time
+	winner  int              // the number of the attempt the stream committed to
 }
 
-// newHedge makes a hedged stream's state.
-func (s *retryStream) newHedge() *streamHedge {
-	h := &streamHedge{decided: make(chan struct{}),
-		hedgeRules: s.ic.hedgeRulesFor(s.p, s.method, targetOf(s.cc), s.bs.lim, s.breaker, s.maxAttempts)}
+var _ grpc.ClientStream = (*hedgedStream)(nil)
+
+// startHedged makes s a hedged stream and sends its first attempt.
+func (s *retryStream) startHedged() (grpc.ClientStream, error) {
+	h := &hedgedStream{retryStream: s, decided: make(chan struct{})}
 	s.opts, h.want = splitCatchers(s.opts)
 	h.changed = sync.NewCond(&s.mu)
-	return h
+	h.sched.call, h.sched.fire = h, h.onTimer
+	h.sched.startLocked(s.ic, s.p, s.method, s.ic.hedgeRulesFor(s.p, s.method, targetOf(s.cc), s.bs.lim, s.breaker, s.maxAttempts))
+	s.hedged = h
+
+	s.mu.Lock()
+	over, err, next := h.goLocked(h.sched.nextLocked(s.ctx))
+	if over {
+		s.finishUnlock(err, true)
+		return nil, err
+	}
+	// Under the lock, so that a context already done cannot finish the
+	// stream before unwatch is set.
+	s.unwatch = context.AfterFunc(s.ctx, s.contextDone)
+	s.mu.Unlock()
+	if next != nil {
+		go h.openHedge(next) // the first attempt failed at once
+	}
+	return h, nil
 }
 
-// hedgeNextLocked starts the next attempt if one may go (a hedge needs the
-// breaker, the throttling and the budgets to allow it). The first attempt
-// opens here, under the lock, before anything else runs on the stream. A
-// hedge is only made ready here: next is returned for the caller to open
-// with openHedge once it has released the lock, so that a hedge slow to
-// open (the connection has no free stream) or to take its replay (flow
-// control) holds up no other attempt's answer. It returns the stream's final
-// error when no attempt is in flight and none may go any more.
-func (s *retryStream) hedgeNextLocked() (over bool, err error, next *streamAttempt) {
-	h := s.hedge
+// attemptsLocked tells the hedger the attempts sent and in flight.
+func (s *hedgedStream) attemptsLocked() (sent, inFlight int) {
+	return s.attempts, len(s.live) + len(s.opening)
+}
+
+// goLocked does what the hedger said (v), until the stream waits: the
+// first attempt opens here, under the lock, before anything else runs on
+// the stream, and is judged at once if it fails to open. A hedge is only
+// made ready here: next is returned for the caller to open with openHedge
+// once it has released the lock, so that a hedge slow to open (the
+// connection has no free stream) or to take its replay (flow control)
+// holds up no other attempt's answer. It returns the stream's final error
+// when the stream is over.
+func (s *hedgedStream) goLocked(v hedgeVerdict) (over bool, err error, next *streamAttempt) {
 	for {
 		if s.committed || s.finished {
 			return false, nil, nil
 		}
-		if h.noMore || s.attempts >= h.max || s.ctx.Err() != nil || s.overflow {
-			over, err = s.hedgeExhaustedLocked()
-			return over, err, nil
+		switch v.step {
+		case hedgeWait:
+			return false, nil, nil
+		case hedgeFatal, hedgeOver:
+			if v.outcome != "" {
+				s.outcome = v.outcome
+			}
+			if v.step == hedgeFatal {
+				s.endHedgingLocked(s.a) // the failed attempt is current: RecvMsg reports its error
+			}
+			return true, v.err, nil
 		}
 		if s.attempts > 0 {
-			if h.refused = h.refusal(); h.refused != "" {
-				h.noMore = true
-				s.ic.metering.refusal(s.ctx, s.method, h.refused)
-				over, err = s.hedgeExhaustedLocked()
-				return over, err, nil
-			}
 			return false, nil, s.readyHedgeLocked()
 		}
 		a, err := s.startLocked()
@@ -96,33 +116,54 @@ func (s *retryStream) hedgeNextLocked() (over bool, err error, next *streamAttem
 			return true, s.notSentLocked(a, nil), nil
 		}
 		if err == nil && s.committed {
-			s.hedgeCommitLocked(a, true, false) // it answered during its replay
+			s.commitToLocked(a, true, false) // it answered during its replay
 			return false, nil, nil
 		}
 		if err == nil {
-			h.live = append(h.live, a)
+			s.live = append(s.live, a)
 			go s.watchHedge(a)
-			s.hedgeArmLocked(h.delay)
+			s.sched.armLocked(s.sched.delay)
 			return false, nil, nil
 		}
-		// It could not open without an answer.
-		over, ferr, now := s.hedgeFailedLocked(a, err)
-		if over || !now {
-			return over, ferr, nil // ended, or waiting for a pushback's delay
-		}
+		v = s.failedLocked(a, err) // it could not open without an answer
 	}
+}
+
+// goOnUnlock does what the hedger said after an attempt failed or the
+// timer fired: the stream ends, or the next hedge goes now. It releases
+// the lock, and opens that hedge.
+func (s *hedgedStream) goOnUnlock(v hedgeVerdict) {
+	over, err, next := s.goLocked(v)
+	if over {
+		s.finishUnlock(err, true)
+		return
+	}
+	s.mu.Unlock()
+	if next != nil {
+		s.openHedge(next)
+	}
+}
+
+// onTimer is the timer's callback: the hedging delay, or a pushback's,
+// passed.
+func (s *hedgedStream) onTimer() {
+	s.mu.Lock()
+	if s.committed || s.finished {
+		s.mu.Unlock()
+		return
+	}
+	s.goOnUnlock(s.sched.timerLocked(s.ctx))
 }
 
 // readyHedgeLocked numbers the next hedge and makes its context and span;
 // it is opening until openHedge makes it live.
-func (s *retryStream) readyHedgeLocked() *streamAttempt {
+func (s *hedgedStream) readyHedgeLocked() *streamAttempt {
 	s.attempts++
-	s.hedge.notBefore = time.Time{} // the pushback's wait is over
 	a := &streamAttempt{n: s.attempts, live: true}
 	if s.ctl != nil {
 		s.ctl.Sent() // a hedge goes only while the controller is calm
 	}
-	if s.hedge.window != nil {
+	if s.sched.window != nil {
 		a.started = s.ic.clock.Now()
 	}
 	ctx := s.numbers.context(s.ctx, a.n, s.maxAttempts)
@@ -132,26 +173,25 @@ func (s *retryStream) readyHedgeLocked() *streamAttempt {
 		a.span.SetAttributes(telemetry.AttrHedge.Bool(true))
 	}
 	a.openCtx = ctx
-	s.hedge.opening = append(s.hedge.opening, a)
+	s.opening = append(s.opening, a)
 	return a
 }
 
-// openHedge opens hedge a, made ready by hedgeNextLocked, and replays to it
-// every message the caller has sent, without holding the lock. Messages sent
+// openHedge opens hedge a, made ready by goLocked, and replays to it every
+// message the caller has sent, without holding the lock. Messages sent
 // meanwhile are buffered, so it replays until, under the lock, it has caught
 // up with the buffer and CloseSend; there it goes live, and from then on
 // SendMsg sends to it directly. If the stream commits or ends meanwhile, a
 // is ended with it and openHedge returns.
-func (s *retryStream) openHedge(a *streamAttempt) {
-	h := s.hedge
+func (s *hedgedStream) openHedge(a *streamAttempt) {
 	cs, err := s.streamer(a.openCtx, s.desc, s.cc, s.method, s.opts...)
 	a.openCtx = nil
 	replayed, closed := 0, false
 	var replayedSz int64
 	s.mu.Lock()
 	for {
-		if !slices.Contains(h.opening, a) {
-			// The stream committed or ended: hedgeEndLocked ended a.
+		if !slices.Contains(s.opening, a) {
+			// The stream committed or ended: endHedgingLocked ended a.
 			s.mu.Unlock()
 			return
 		}
@@ -161,11 +201,10 @@ func (s *retryStream) openHedge(a *streamAttempt) {
 		a.cs = cs
 		if replayed == len(s.ends) && closed == s.closeSent {
 			s.replayed, s.replayedSz = s.replayed+int64(replayed), s.replayedSz+replayedSz
-			h.opening = slices.DeleteFunc(h.opening, func(o *streamAttempt) bool { return o == a })
-			h.live = append(h.live, a)
-			h.changed.Broadcast()
+			s.dropOpeningLocked(a)
+			s.live = append(s.live, a)
 			go s.watchHedge(a)
-			s.hedgeArmLocked(h.delay)
+			s.sched.armLocked(s.sched.delay)
 			s.mu.Unlock()
 			return
 		}
@@ -203,141 +242,66 @@ func (s *retryStream) openHedge(a *streamAttempt) {
 		s.mu.Unlock()
 		end, headers := a.learnEnd()
 		s.mu.Lock()
-		if !slices.Contains(h.opening, a) {
+		if !slices.Contains(s.opening, a) {
 			s.mu.Unlock()
 			return
 		}
 		err = end
 		if headers || end == io.EOF {
-			h.opening = slices.DeleteFunc(h.opening, func(o *streamAttempt) bool { return o == a })
-			h.changed.Broadcast()
-			s.hedgeCommitLocked(a, true, false) // the server answered it
+			s.dropOpeningLocked(a)
+			s.commitToLocked(a, true, false) // the server answered it
 			s.mu.Unlock()
 			return
 		}
 	} else if cs != nil {
 		a.clientErr = true // the client's own error, or a message it could not decode
 	}
-	h.opening = slices.DeleteFunc(h.opening, func(o *streamAttempt) bool { return o == a })
-	h.changed.Broadcast()
-	s.hedgeGoUnlock(s.hedgeFailedLocked(a, err))
+	s.dropOpeningLocked(a)
+	s.goOnUnlock(s.failedLocked(a, err))
 }
 
-// hedgeGoUnlock goes on after an attempt failed without an answer (over,
-// ferr and now as hedgeFailedLocked returns them): the stream ends, or the
-// next hedge goes now. It releases the lock, and opens that hedge.
-func (s *retryStream) hedgeGoUnlock(over bool, ferr error, now bool) {
-	var next *streamAttempt
-	if !over && now {
-		over, ferr, next = s.hedgeNextLocked()
-	}
-	if over {
-		s.finishUnlock(ferr, true)
-		return
-	}
-	s.mu.Unlock()
-	if next != nil {
-		s.openHedge(next)
-	}
-}
-
-// hedgeExhaustedLocked ends the stream if no attempt is in flight; its error
-// is the last failure's.
-func (s *retryStream) hedgeExhaustedLocked() (over bool, err error) {
-	h := s.hedge
-	h.noMore = true
-	if len(h.live) > 0 || len(h.opening) > 0 {
-		return false, nil
-	}
-	outcome := OutcomeExhausted
-	switch {
-	case s.ctx.Err() != nil:
-		s.outcome = contextOutcome(s.ctx.Err())
-		return true, status.FromContextError(s.ctx.Err()).Err()
-	case h.last == nil: // cannot happen: the first attempt always goes
-		return true, status.Error(codes.Internal, "herdguard: a hedged stream sent no attempt")
-	case h.stopped:
-		outcome = OutcomePushbackStop
-	case h.refused != "":
-		outcome = OutcomeBudgetExhausted
-	}
-	s.outcome = outcome
-	return true, &RetryError{Attempts: s.attempts, Outcome: outcome, Err: h.last}
+// dropOpeningLocked takes a, which went live or ended, off the hedges
+// being opened.
+func (s *hedgedStream) dropOpeningLocked(a *streamAttempt) {
+	s.opening = slices.DeleteFunc(s.opening, func(o *streamAttempt) bool { return o == a })
+	s.changed.Broadcast()
 }
 
 // watchHedge waits for attempt a's answer or end, and judges it.
-func (s *retryStream) watchHedge(a *streamAttempt) {
+func (s *hedgedStream) watchHedge(a *streamAttempt) {
 	md, _ := a.cs.Header()
 	var end error
 	if md == nil {
 		end, _ = a.learnEnd()
 	}
 	s.mu.Lock()
-	if s.committed || s.finished || !slices.Contains(s.hedge.live, a) {
+	if s.committed || s.finished || !slices.Contains(s.live, a) {
 		s.mu.Unlock()
 		return
 	}
-	s.hedge.live = slices.DeleteFunc(s.hedge.live, func(o *streamAttempt) bool { return o == a })
+	s.live = slices.DeleteFunc(s.live, func(o *streamAttempt) bool { return o == a })
 	if md != nil || end == io.EOF {
-		if s.hedge.window != nil {
-			s.hedge.window.Record(s.ic.clock.Now().Sub(a.started))
+		if s.sched.window != nil {
+			s.sched.window.Record(s.ic.clock.Now().Sub(a.started))
 		}
-		s.hedgeCommitLocked(a, true, false)
+		s.commitToLocked(a, true, false)
 		s.mu.Unlock()
 		return
 	}
-	s.hedgeGoUnlock(s.hedgeFailedLocked(a, end))
+	s.goOnUnlock(s.failedLocked(a, end))
 }
 
-// hedgeFailedLocked judges attempt a, which ended with err before any
-// answer: a fatal failure ends the stream; after a non-fatal one the next
-// hedge goes at once (now), or after the server's pushback. It returns the
-// stream's final error when the stream is over.
-func (s *retryStream) hedgeFailedLocked(a *streamAttempt, err error) (over bool, ferr error, now bool) {
-	h := s.hedge
+// failedLocked ends attempt a, which ended with err before any answer, and
+// has the hedger judge it. a becomes the current attempt: the stream's
+// status, should it end now.
+func (s *hedgedStream) failedLocked(a *streamAttempt, err error) hedgeVerdict {
 	trailer := a.trailerIfOpen()
 	s.endAttemptLocked(a, err)
 	a.release()
-	code := status.Code(err)
-	nonFatal := s.p.nonFatalCode(code) && !a.clientErr && !clientSide(err) && s.ctx.Err() == nil
-	wait, ok, present := pushback(trailer)
-	if (nonFatal || present && !ok) && h.throttle != nil {
-		h.throttle.Failure() // gRFC A6: counts as a failure for throttling
-	}
-	if present && !ok {
-		h.noMore, h.stopped = true, true
-		s.gaveUpBelow = s.gaveUpBelow || gaveUpBelow(trailer)
-	}
-	if !nonFatal {
-		// A fatal answer ends the stream: it becomes the current attempt,
-		// whose error RecvMsg reports.
-		s.a = a
-		s.outcome = OutcomeNotRetryable
-		if s.ctx.Err() != nil {
-			s.outcome = contextOutcome(s.ctx.Err())
-		}
-		s.hedgeEndLocked(a)
-		return true, err, false
-	}
-	h.last = err
-	s.a = a // the stream's status, should it end now: the last failure's
-	if present && ok {
-		if h.noMore || s.attempts >= h.max {
-			// No hedge may follow: the pushback has nothing to delay, and
-			// with nothing else in flight the stream is over.
-			over, ferr := s.hedgeExhaustedLocked()
-			return over, ferr, false
-		}
-		if len(h.live)+len(h.opening) == 0 && s.deadlineBefore(wait) {
-			s.outcome = OutcomeDeadline
-			return true, &RetryError{Attempts: s.attempts, Outcome: OutcomeDeadline, Err: err}, false
-		}
-		h.notBefore = s.ic.clock.Now().Add(wait)
-		s.hedgeArmLocked(wait)
-		return false, nil, false
-	}
-	s.hedgeStopTimerLocked() // the next hedge goes now; the one after at the delay
-	return false, nil, true
+	v := s.sched.failedLocked(s.ctx, err, trailer, false, a.clientErr)
+	s.gaveUpBelow = s.gaveUpBelow || s.sched.gaveUpBelow
+	s.a = a
+	return v
 }
 
 // trailerIfOpen returns the trailer of an attempt that opened.
@@ -348,99 +312,65 @@ func (a *streamAttempt) trailerIfOpen() metadata.MD {
 	return a.cs.Trailer()
 }
 
-// deadlineBefore reports whether the stream's deadline comes before d from now.
-func (s *retryStream) deadlineBefore(d time.Duration) bool {
-	deadline, ok := s.ctx.Deadline()
-	return ok && s.ic.clock.Now().Add(d).After(deadline)
-}
-
-// hedgeCommitLocked commits the stream to attempt a and ends every other;
+// commitToLocked commits the stream to attempt a and ends every other;
 // answered says a's server answered (the breaker hears a success), and
 // overflow that the buffer did.
-func (s *retryStream) hedgeCommitLocked(a *streamAttempt, answered, overflow bool) {
+func (s *hedgedStream) commitToLocked(a *streamAttempt, answered, overflow bool) {
 	s.a = a
-	s.hedge.winner = a.n
+	s.winner = a.n
 	if answered {
-		s.hedge.hedges.Call() // an answer earns hedges
+		s.sched.answeredLocked() // an answer earns hedges
 		s.answeredLocked()
 	} else {
 		s.commitLocked(overflow)
 	}
-	s.hedgeEndLocked(a)
+	s.endHedgingLocked(a)
 }
 
-// hedgeEndLocked ends hedging: the timer stops, every attempt but keep is
-// released, and the caller's waiting RecvMsg or Header goes on.
-func (s *retryStream) hedgeEndLocked(keep *streamAttempt) {
-	h := s.hedge
-	h.noMore = true
-	s.hedgeStopTimerLocked()
-	for _, o := range h.live {
+// endHedgingLocked ends hedging: the timer stops, every attempt but keep
+// is released, and the caller's waiting RecvMsg or Header goes on. It does
+// nothing for a stream that is not hedged (s nil).
+func (s *hedgedStream) endHedgingLocked(keep *streamAttempt) {
+	if s == nil {
+		return
+	}
+	s.sched.endLocked()
+	for _, o := range s.live {
 		if o != keep {
 			s.endAttemptLocked(o, status.Error(codes.Canceled, "herdguard: another attempt answered first"))
 			o.release()
 		}
 	}
-	h.live = nil
-	for _, o := range h.opening {
+	s.live = nil
+	for _, o := range s.opening {
 		s.endAttemptLocked(o, status.Error(codes.Canceled, "herdguard: another attempt answered first"))
 		o.release()
 	}
-	h.opening = nil
-	h.changed.Broadcast()
+	s.opening = nil
+	s.changed.Broadcast()
 	select {
-	case <-h.decided:
+	case <-s.decided:
 	default:
-		close(h.decided)
+		close(s.decided)
 	}
 }
 
-// hedgeArmLocked sets the timer to start the next hedge after d, or when
-// a pushback lets it go if that is later.
-func (s *retryStream) hedgeArmLocked(d time.Duration) {
-	h := s.hedge
-	if h.noMore || s.attempts >= h.max {
-		return
-	}
-	if !h.notBefore.IsZero() {
-		d = max(d, h.notBefore.Sub(s.ic.clock.Now()))
-	}
-	if h.timer == nil {
-		h.timer = s.ic.clock.AfterFunc(d, s.hedgeTimer)
-		return
-	}
-	h.timer.Reset(d)
-}
-
-func (s *retryStream) hedgeStopTimerLocked() {
-	if h := s.hedge; h.timer != nil {
-		h.timer.Stop()
-	}
-}
-
-// hedgeTimer is the timer's callback: the hedging delay passed. A callback
-// of a timer that fired just before a pushback set it again does nothing:
-// the timer runs again when the pushback lets the hedge go.
-func (s *retryStream) hedgeTimer() {
+// SendMsg sends m to every attempt in flight, after keeping it for the
+// hedges to come; if it does not fit the buffer, the stream commits to its
+// oldest attempt in flight first, and m goes there alone. Once the stream
+// has committed, it sends as a retried stream does.
+func (s *hedgedStream) SendMsg(m any) error {
 	s.mu.Lock()
-	if h := s.hedge; !h.notBefore.IsZero() && s.ic.clock.Now().Before(h.notBefore) {
+	if s.committed || s.finished {
 		s.mu.Unlock()
-		return
+		return s.retryStream.SendMsg(m)
 	}
-	s.hedgeGoUnlock(false, nil, true)
-}
-
-// hedgeSendLocked sends m to every attempt in flight, after keeping it for
-// the hedges to come; if it does not fit the buffer, the stream commits to
-// its oldest attempt in flight first, and m goes there alone.
-func (s *retryStream) hedgeSendLocked(m any) error {
-	h := s.hedge
 	// With no attempt in flight but a hedge opening, m waits for it, as
 	// gRPC's SendMsg waits for a retry's new attempt: should m overflow the
 	// buffer, the stream commits to an attempt in flight, and the hedge
 	// needs the whole buffer to catch up first.
-	for len(h.live) == 0 && len(h.opening) > 0 && !s.committed && !s.finished {
-		h.changed.Wait()
+	for len(s.live) == 0 && len(s.opening) > 0 && !s.committed && !s.finished {
+		s.changed.Wait()
 	}
 	if s.committed || s.finished { // it answered, or the stream ended, meanwhile
 		a := s.a
@@ -450,32 +380,32 @@ func (s *retryStream) hedgeSendLocked(m any) error {
 	s.bufferLocked(m)
 	if s.committed { // the buffer overflowed
 		// The attempts in flight have every message.
-		if len(h.live) > 0 {
-			s.hedgeCommitLocked(h.live[0], false, true)
-		} else if over, err := s.hedgeExhaustedLocked(); over {
+		if len(s.live) > 0 {
+			s.commitToLocked(s.live[0], false, true)
+		} else if v := s.sched.stopLocked(s.ctx); v.step == hedgeOver {
 			// Every attempt has failed and none is opening (the next
 			// waits for a pushback): the stream ends with the last
 			// failure, as it would once no hedge may follow.
 			s.committed = false // to no attempt: RecvMsg reports err
-			s.finishUnlock(err, true)
+			s.endOverUnlock(v)
 			return io.EOF
 		} else {
-			s.hedgeEndLocked(nil) // cannot be: nothing is in flight or opening
+			s.endHedgingLocked(nil) // cannot be: nothing is in flight or opening
 		}
 		a := s.a
 		s.mu.Unlock()
 		return s.sendCommitted(a, m)
 	}
 	s.sent++
-	h.sendTo = append(h.sendTo[:0], h.live...)
-	to := h.sendTo
+	s.sendTo = append(s.sendTo[:0], s.live...)
+	to := s.sendTo
 	s.mu.Unlock()
 	for _, a := range to {
 		// io.EOF: the attempt is over, and its watcher judges it.
 		if err := a.cs.SendMsg(m); err != nil && err != io.EOF {
 			s.mu.Lock()
 			a.clientErr = true
-			s.hedgeEndLocked(a)
+			s.endHedgingLocked(a)
 			s.a = a
 			s.finishUnlock(err, true)
 			return err
@@ -484,43 +414,125 @@ func (s *retryStream) hedgeSendLocked(m any) error {
 	return nil
 }
 
-// hedgeCommitNowUnlock commits a hedged stream that has not answered yet
-// (Context, Trailer), as gRPC commits a stream to its current attempt: to
-// its oldest attempt in flight. With none in flight but a hedge opening, it
-// waits for that hedge; with none at all (every attempt failed, and the
-// next waits for a pushback's delay) the stream ends with the last failure,
-// as gRPC's would with a failed current attempt. No hedge starts after. It
-// releases the lock.
-func (s *retryStream) hedgeCommitNowUnlock() {
-	if !s.hedgeCommitOldestLocked() && !s.committed && !s.finished {
-		if over, err := s.hedgeExhaustedLocked(); over {
-			s.finishUnlock(err, true)
+// endOverUnlock ends the stream as the hedger said, once no attempt is in
+// flight and none may follow (v.step is hedgeOver). It releases the lock.
+func (s *hedgedStream) endOverUnlock(v hedgeVerdict) {
+	if v.outcome != "" {
+		s.outcome = v.outcome
+	}
+	s.finishUnlock(v.err, true)
+}
+
+// RecvMsg waits until the stream commits or ends, then receives as a
+// retried stream does.
+func (s *hedgedStream) RecvMsg(m any) error {
+	<-s.decided
+	return s.retryStream.RecvMsg(m)
+}
+
+// Header waits until the stream commits or ends, then returns the headers
+// as a retried stream does.
+func (s *hedgedStream) Header() (metadata.MD, error) {
+	<-s.decided
+	return s.retryStream.Header()
+}
+
+// CloseSend closes the sending side of every attempt in flight, outside
+// the lock, as SendMsg sends: a hedge opening meanwhile closes its own
+// once it has caught up. Like gRPC's, it always returns nil.
+func (s *hedgedStream) CloseSend() error {
+	s.mu.Lock()
+	if s.closeSent || s.committed || s.finished {
+		s.mu.Unlock()
+		return s.retryStream.CloseSend()
+	}
+	s.closeSent = true
+	s.sendTo = append(s.sendTo[:0], s.live...)
+	to := s.sendTo
+	s.mu.Unlock()
+	for _, a := range to {
+		_ = a.cs.CloseSend()
+	}
+	return nil
+}
+
+// Context commits the stream (commitNow), and returns its attempt's
+// context as a retried stream does.
+func (s *hedgedStream) Context() context.Context {
+	s.commitNow()
+	return s.retryStream.Context()
+}
+
+// Trailer commits the stream (commitNow), and returns its attempt's
+// trailer as a retried stream does.
+func (s *hedgedStream) Trailer() metadata.MD {
+	s.commitNow()
+	return s.retryStream.Trailer()
+}
+
+// commitNow commits a hedged stream that has not answered yet (Context,
+// Trailer), as gRPC commits a stream to its current attempt: to its oldest
+// attempt in flight. With none in flight but a hedge opening, it waits for
+// that hedge; with none at all (every attempt failed, and the next waits
+// for a pushback's delay) the stream ends with the last failure, as gRPC's
+// would with a failed current attempt. No hedge starts after.
+func (s *hedgedStream) commitNow() {
+	s.mu.Lock()
+	if s.committed || s.finished {
+		s.mu.Unlock()
+		return
+	}
+	s.sched.noMore = true
+	for len(s.live) == 0 && len(s.opening) > 0 && !s.committed && !s.finished {
+		s.changed.Wait()
+	}
+	switch {
+	case s.committed || s.finished:
+	case len(s.live) > 0:
+		s.commitToLocked(s.live[0], false, false)
+	default:
+		if v := s.sched.stopLocked(s.ctx); v.step == hedgeOver {
+			s.endOverUnlock(v)
 			return
 		}
 	}
 	s.mu.Unlock()
 }
 
-// hedgeCommitOldestLocked commits the stream to its oldest attempt in
-// flight, waiting for a hedge being opened if no other is in flight. No
-// hedge starts after. It reports false if no attempt is in flight, or the
-// stream committed or ended while it waited.
-func (s *retryStream) hedgeCommitOldestLocked() bool {
-	h := s.hedge
-	h.noMore = true
-	for len(h.live) == 0 && len(h.opening) > 0 && !s.committed && !s.finished {
-		h.changed.Wait()
+// The parts of a retryStream's end that a hedged stream adds; each does
+// nothing for a stream that is not hedged (s nil).
+
+// roleOf tells whether attempt n was a hedge, and whether it won.
+func (s *hedgedStream) roleOf(n int) (hedge, won bool) {
+	if s == nil {
+		return false, false
 	}
-	if s.committed || s.finished || len(h.live) == 0 {
-		return false
-	}
-	s.hedgeCommitLocked(h.live[0], false, false)
-	return true
+	return n > 1, s.winner == n
 }
 
-// waitHedged waits, before commit, until a hedged stream commits or ends.
-func (s *retryStream) waitHedged() {
-	if h := s.hedge; h != nil {
-		<-h.decided
+// timed reports whether attempts' latencies are recorded, for a
+// latency-aware delay.
+func (s *hedgedStream) timed() bool { return s != nil && s.sched.window != nil }
+
+// fillCatchers fills the caller's Header, Trailer and Peer options, which
+// no attempt carried, from a, the final attempt, as gRPC fills them at the
+// end.
+func (s *hedgedStream) fillCatchers(a *streamAttempt) {
+	if s == nil || !s.want.any() || a.cs == nil {
+		return
+	}
+	header, _ := a.cs.Header()
+	p, _ := peer.FromContext(a.cs.Context())
+	s.want.fill(header, a.cs.Trailer(), p)
+}
+
+// spanAttributes sets the call span's hedging attributes.
+func (s *hedgedStream) spanAttributes(span trace.Span, attempts int) {
+	if s == nil {
+		return
+	}
+	span.SetAttributes(names.AttrHedges.Int(max(attempts-1, 0))) // 0 attempts: none sent
+	if s.winner > 0 {
+		span.SetAttributes(names.AttrHedgeWinner.Int(s.winner))
 	}
 }
