@@ -221,7 +221,11 @@ func TestFleetProbeThatPanicsFails(t *testing.T) {
 	b, f := sharedBreaker(t)
 	f.view.Open(-time.Millisecond)
 	func() {
-		defer func() { _ = recover() }()
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Errorf("recovered %v, want the call's panic re-raised", r)
+			}
+		}()
 		b.Execute(func(bool) herdguard.Verdict { panic("boom") })
 	}()
 	if _, _, v := f.counts(); len(v) != 1 || v[0] != herdguard.Failure {

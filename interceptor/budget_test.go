@@ -290,10 +290,22 @@ func TestBudgetsAllocateNothingPerCall(t *testing.T) {
 		WithRetryThrottling(policy.Throttling{MaxTokens: 10, TokenRatio: 0.1}),
 		WithRetryBudget(policy.Budget{}))
 	ctx := context.Background()
-	nop := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error { return nil }
-	u(ctx, testserver.MethodUnary, nil, nil, cc, nop) // make the target's breaker and budgets
-	if a := testing.AllocsPerRun(200, func() { u(ctx, testserver.MethodUnary, nil, nil, cc, nop) }); a != 0 {
+	invoked := 0
+	nop := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+		invoked++
+		return nil
+	}
+	call := func() {
+		if err := u(ctx, testserver.MethodUnary, nil, nil, cc, nop); err != nil {
+			t.Fatal(err)
+		}
+	}
+	call() // make the target's breaker and budgets
+	if a := testing.AllocsPerRun(200, call); a != 0 {
 		t.Errorf("%v allocations per call with budgets on, want 0", a)
+	}
+	if invoked != 202 { // the first call, AllocsPerRun's warm-up and its 200
+		t.Errorf("the invoker ran %d times, want 202: the measured path is not the call's", invoked)
 	}
 }
 

@@ -114,14 +114,20 @@ func TestCommitWhileSendLearnsTheEnd(t *testing.T) {
 		}
 		var wg sync.WaitGroup
 		wg.Go(func() {
-			for cs.SendMsg(&testgrpc.StreamingOutputCallRequest{}) == nil {
+			var err error
+			for err = cs.SendMsg(&testgrpc.StreamingOutputCallRequest{}); err == nil; err = cs.SendMsg(&testgrpc.StreamingOutputCallRequest{}) {
+			}
+			if err != io.EOF {
+				t.Errorf("round %d: SendMsg ended with %v, want io.EOF (the stream's end is RecvMsg's to tell)", i, err)
 			}
 		})
 		wg.Go(func() {
 			for range i % 50 { // vary where the commit lands
 			}
-			_ = cs.Context()
-			_ = cs.RecvMsg(new(testgrpc.StreamingOutputCallResponse))
+			_ = cs.Context() // commits the stream
+			if err := cs.RecvMsg(new(testgrpc.StreamingOutputCallResponse)); status.Code(err) != codes.Unavailable {
+				t.Errorf("round %d: RecvMsg = %v, want the server's Unavailable", i, err)
+			}
 		})
 		done := make(chan struct{})
 		go func() { wg.Wait(); close(done) }()

@@ -1353,13 +1353,17 @@ func TestGRPCOnFinishOncePerCall(t *testing.T) {
 						ends = append(ends, err)
 					})
 					var err error
+					got := -1
 					if kind == "unary" {
 						_, err = c.UnaryCall(portCtx(t), &testgrpc.SimpleRequest{}, onFinish)
 					} else {
 						var s testgrpc.TestService_StreamingOutputCallClient
 						if s, err = c.StreamingOutputCall(portCtx(t), &testgrpc.StreamingOutputCallRequest{}, onFinish); err == nil {
-							_, err = recvAllMsgs(s)
+							got, err = recvAllMsgs(s)
 						}
+					}
+					if kind == "stream" && succeed && got != 1 {
+						t.Errorf("the stream delivered %d messages, want the server's 1", got)
 					}
 					if (err == nil) != succeed || n.Load() != 3 {
 						t.Fatalf("call: %v after %d attempts; want success=%v after 3", err, n.Load(), succeed)

@@ -186,8 +186,10 @@ func TestOverloadShedsAttempt(t *testing.T) {
 	sc.mu.Lock()
 	sc.errs, sc.n = []error{status.Error(codes.Unavailable, "1"), status.Error(codes.Unavailable, "2"), status.Error(codes.Unavailable, "3"), nil}, 0
 	sc.mu.Unlock()
-	for range 3 {
-		_ = call(t, c)
+	for i := range 3 {
+		if err := call(t, c); status.Code(err) != codes.Unavailable {
+			t.Fatalf("scripted refusal %d: %v, want Unavailable", i+1, err)
+		}
 	}
 	if err := call(t, c); err != nil { // held for the probe; its answer ends the collapse
 		t.Fatalf("probe call: %v", err)

@@ -17,10 +17,18 @@ func TestAllocServerHalfHealthy(t *testing.T) {
 	reply := new(int)
 	h := func(context.Context, any) (any, error) { return reply, nil }
 	sh := func(any, grpc.ServerStream) error { return nil }
-	if n := testing.AllocsPerRun(1000, func() { _, _ = unary(ctx, nil, info, h) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() {
+		if r, err := unary(ctx, nil, info, h); r != reply || err != nil {
+			t.Fatalf("unary: %v, %v; want the handler's reply", r, err)
+		}
+	}); n != 0 {
 		t.Errorf("unary: %v allocations per healthy request, want 0", n)
 	}
-	if n := testing.AllocsPerRun(1000, func() { _ = stream(nil, nil, sinfo, sh) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() {
+		if err := stream(nil, nil, sinfo, sh); err != nil {
+			t.Fatalf("stream: %v; want the handler's nil", err)
+		}
+	}); n != 0 {
 		t.Errorf("stream: %v allocations per healthy request, want 0", n)
 	}
 }
