@@ -269,6 +269,9 @@ func TestNoHarmDeadServer(t *testing.T) {
 	if limit := max(sent["retries alone"]/20, int64(25*d.Seconds())); sent["defaults"] > limit {
 		t.Errorf("the defaults sent %d attempts, retries alone %d: want at most %d", sent["defaults"], sent["retries alone"], limit)
 	}
+	if median["retries alone"] <= 50*time.Millisecond {
+		t.Errorf("control: retries alone's median failed call took %v, no longer than the defaults may: the test cannot tell failing at once from waiting through backoff", median["retries alone"])
+	}
 	if median["defaults"] > 50*time.Millisecond {
 		t.Errorf("the defaults' median failed call took %v: want it failed at once", median["defaults"])
 	}
