@@ -199,7 +199,7 @@ func (s *hedgedStream) openHedge(a *streamAttempt) {
 			break
 		}
 		a.cs = cs
-		if replayed == len(s.ends) && closed == s.closeSent {
+		if replayed == s.replay.len() && closed == s.closeSent {
 			s.replayed, s.replayedSz = s.replayed+int64(replayed), s.replayedSz+replayedSz
 			s.dropOpeningLocked(a)
 			s.live = append(s.live, a)
@@ -212,12 +212,12 @@ func (s *hedgedStream) openHedge(a *streamAttempt) {
 			msgs  []proto.Message
 			sizes []int
 		)
-		for i := replayed; i < len(s.ends) && err == nil; i++ {
+		for i := replayed; i < s.replay.len() && err == nil; i++ {
 			var (
 				m  proto.Message
 				sz int
 			)
-			if m, sz, err = s.decodeLocked(i); err == nil {
+			if m, sz, err = s.replay.message(i); err == nil {
 				msgs, sizes = append(msgs, m), append(sizes, sz)
 			}
 		}

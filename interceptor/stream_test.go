@@ -692,8 +692,8 @@ func TestReplayBufferAllocations(t *testing.T) {
 			for range n {
 				s.bufferLocked(m)
 			}
-			if len(s.ends) != n || s.committed {
-				t.Fatalf("kept %d of %d messages (committed %v)", len(s.ends), n, s.committed)
+			if s.replay.len() != n || s.committed {
+				t.Fatalf("kept %d of %d messages (committed %v)", s.replay.len(), n, s.committed)
 			}
 		}) - 1 // the stream itself
 		if max := float64(n) / 4; n == 1 && allocs > 0 || allocs > max {
