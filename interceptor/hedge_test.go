@@ -148,7 +148,7 @@ func (t *manualTimer) Stop() bool {
 // number, what each attempt does; every arrival is announced on arrived.
 type hedgeServer struct {
 	*testserver.Server
-	arrived chan int
+	arrived arrivals
 	mu      sync.Mutex
 	answer  map[int]func(ctx context.Context) (*testgrpc.SimpleResponse, error)
 	ended   map[int]error // how each attempt's context ended, if it did
@@ -156,7 +156,7 @@ type hedgeServer struct {
 }
 
 func startHedgeServer(t *testing.T) *hedgeServer {
-	h := &hedgeServer{arrived: make(chan int, 16), answer: map[int]func(context.Context) (*testgrpc.SimpleResponse, error){},
+	h := &hedgeServer{arrived: make(arrivals, 16), answer: map[int]func(context.Context) (*testgrpc.SimpleResponse, error){},
 		ended: map[int]error{}, keys: map[int]string{}}
 	h.Server = testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 		n := attemptOf(ctx)
@@ -205,8 +205,30 @@ func failWith(c codes.Code, pushbackMS string) func(context.Context) (*testgrpc.
 // waitArrival waits for attempt want to reach the server.
 func (h *hedgeServer) waitArrival(t *testing.T, want int) {
 	t.Helper()
+	h.arrived.wait(t, want)
+}
+
+// waitEnded waits until attempt n's context ends at the server, and
+// returns how it ended.
+func (h *hedgeServer) waitEnded(t *testing.T, n int) error {
+	t.Helper()
+	return endedAt(t, &h.mu, h.ended, n)
+}
+
+// noArrival checks that no attempt reaches the server for a while.
+func (h *hedgeServer) noArrival(t *testing.T) {
+	t.Helper()
+	h.arrived.none(t)
+}
+
+// arrivals announces, by number, the attempts that reach a test server.
+type arrivals chan int
+
+// wait waits for attempt want to reach the server.
+func (c arrivals) wait(t *testing.T, want int) {
+	t.Helper()
 	select {
-	case n := <-h.arrived:
+	case n := <-c:
 		if n != want {
 			t.Fatalf("attempt %d reached the server, want %d", n, want)
 		}
@@ -215,26 +237,26 @@ func (h *hedgeServer) waitArrival(t *testing.T, want int) {
 	}
 }
 
-// waitEnded waits until attempt n's context ends at the server, and
-// returns how it ended.
-func (h *hedgeServer) waitEnded(t *testing.T, n int) error {
-	t.Helper()
-	return eventually(t, fmt.Sprintf("attempt %d to end at the server", n), func() (error, bool) {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		err, ok := h.ended[n]
-		return err, ok
-	})
-}
-
-// noArrival checks that no attempt reaches the server for a while.
-func (h *hedgeServer) noArrival(t *testing.T) {
+// none checks that no attempt reaches the server for a while.
+func (c arrivals) none(t *testing.T) {
 	t.Helper()
 	select {
-	case n := <-h.arrived:
+	case n := <-c:
 		t.Fatalf("attempt %d reached the server, want none", n)
 	case <-time.After(50 * time.Millisecond):
 	}
+}
+
+// endedAt waits until ended, guarded by mu, says how attempt n's context
+// ended at the server, and returns that.
+func endedAt(t *testing.T, mu *sync.Mutex, ended map[int]error, n int) error {
+	t.Helper()
+	return eventually(t, fmt.Sprintf("attempt %d to end at the server", n), func() (error, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		err, ok := ended[n]
+		return err, ok
+	})
 }
 
 const hedgeDelay = 20 * time.Millisecond
