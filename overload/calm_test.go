@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/herdguard/herdguard/internal/testutil"
 )
 
 func TestDetection(t *testing.T) {
@@ -50,39 +52,39 @@ func TestRefusalsAheadOfAnswers(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name   string
-		run    func(*Controller, *fakeClock)
+		run    func(*Controller, *testutil.Clock)
 		pacing bool
 	}{
-		{"30 of 100 refused first", func(c *Controller, _ *fakeClock) {
+		{"30 of 100 refused first", func(c *Controller, _ *testutil.Clock) {
 			sent(c, 100)
 			report(c, Overloaded, 30)
 			report(c, Answered, 70)
 		}, false},
 		// 60 of 100: two standard deviations above half.
-		{"60 of 100 refused first", func(c *Controller, _ *fakeClock) {
+		{"60 of 100 refused first", func(c *Controller, _ *testutil.Clock) {
 			sent(c, 100)
 			report(c, Overloaded, 60)
 		}, true},
-		{"59 of 100 refused first", func(c *Controller, _ *fakeClock) {
+		{"59 of 100 refused first", func(c *Controller, _ *testutil.Clock) {
 			sent(c, 100)
 			report(c, Overloaded, 59)
 			report(c, Answered, 41)
 		}, false},
-		{"a wave sent in the last interval, refused in this one", func(c *Controller, clk *fakeClock) {
+		{"a wave sent in the last interval, refused in this one", func(c *Controller, clk *testutil.Clock) {
 			report(c, Answered, 50) // a calm stretch before
 			sent(c, 150)            // its 50 and a wave of 100
 			clk.Advance(DefaultInterval)
 			report(c, Overloaded, 30)
 			report(c, Answered, 70)
 		}, false},
-		{"attempts cancelled in the last interval are not in flight", func(c *Controller, clk *fakeClock) {
+		{"attempts cancelled in the last interval are not in flight", func(c *Controller, clk *testutil.Clock) {
 			sent(c, 100)
 			report(c, Ignored, 100)
 			clk.Advance(DefaultInterval)
 			sent(c, 20)
 			report(c, Overloaded, 20)
 		}, true},
-		{"attempts in flight count for one interval only", func(c *Controller, clk *fakeClock) {
+		{"attempts in flight count for one interval only", func(c *Controller, clk *testutil.Clock) {
 			sent(c, 100) // long-lived streams, say
 			clk.Advance(DefaultInterval)
 			report(c, Overloaded, 1) // closes the interval: 100 in flight
@@ -90,7 +92,7 @@ func TestRefusalsAheadOfAnswers(t *testing.T) {
 			sent(c, 25)
 			report(c, Overloaded, 25)
 		}, true},
-		{"a herd: every attempt sent refused", func(c *Controller, _ *fakeClock) {
+		{"a herd: every attempt sent refused", func(c *Controller, _ *testutil.Clock) {
 			sent(c, 1000)
 			report(c, Overloaded, 980)
 		}, true},
@@ -180,9 +182,9 @@ func TestCalmPathAllocatesNothing(t *testing.T) {
 // start, never to an average diluted by idle time. Answers come spread
 // over each interval, as they do.
 func TestCalmPausesAreNotThroughput(t *testing.T) {
-	type step = func(*Controller, *fakeClock) (answers int)
+	type step = func(*Controller, *testutil.Clock) (answers int)
 	steady := func(intervals int, perInterval float64) step {
-		return func(c *Controller, clk *fakeClock) (n int) {
+		return func(c *Controller, clk *testutil.Clock) (n int) {
 			every := time.Duration(float64(DefaultInterval) / perInterval)
 			for end := clk.Now().Add(time.Duration(intervals) * DefaultInterval); clk.Now().Before(end); clk.Advance(every) {
 				c.Done(Answered)
@@ -192,9 +194,11 @@ func TestCalmPausesAreNotThroughput(t *testing.T) {
 		}
 	}
 	idle := func(d time.Duration) step {
-		return func(_ *Controller, clk *fakeClock) int { clk.Advance(d); return 0 }
+		return func(_ *Controller, clk *testutil.Clock) int { clk.Advance(d); return 0 }
 	}
-	burst := func(n int) step { return func(c *Controller, _ *fakeClock) int { report(c, Answered, n); return n } }
+	burst := func(n int) step {
+		return func(c *Controller, _ *testutil.Clock) int { report(c, Answered, n); return n }
+	}
 	for _, tc := range []struct {
 		name  string
 		calm  []step

@@ -2,85 +2,27 @@ package overload
 
 import (
 	"context"
-	"runtime"
-	"slices"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/herdguard/herdguard/internal/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fakeClock is a manual clock: timers fire when Advance passes them.
-type fakeClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	timers []*fakeTimer
-}
-
-type fakeTimer struct {
-	at      time.Time
-	f       func()
-	stopped bool
-}
-
-// newFakeClock starts an hour ahead of real time, so that a context whose
-// deadline is near on the fake clock does not expire in real time.
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Now().Add(time.Hour)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t := &fakeTimer{at: c.now.Add(d), f: f}
-	c.timers = append(c.timers, t)
-	return func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		was := !t.stopped
-		t.stopped = true
-		return was
-	}
-}
-
-// Advance moves the clock by d in steps, running every timer that falls
-// due, in order.
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	end := c.now.Add(d)
-	c.mu.Unlock()
-	for {
-		c.mu.Lock()
-		slices.SortFunc(c.timers, func(a, b *fakeTimer) int { return a.at.Compare(b.at) })
-		if len(c.timers) == 0 || c.timers[0].at.After(end) {
-			c.now = end
-			c.mu.Unlock()
-			return
-		}
-		t := c.timers[0]
-		c.timers = c.timers[1:]
-		if t.at.After(c.now) {
-			c.now = t.at
-		}
-		stopped := t.stopped // read under the lock: the timer's stop runs on other goroutines
-		c.mu.Unlock()
-		if !stopped {
-			t.f()
-		}
-	}
-}
-
-func newController(t *testing.T, s Settings) (*Controller, *fakeClock) {
+// newController is a Controller on a manual clock, whose Advance runs
+// every timer that falls due, in order, synchronously. The clock starts an
+// hour ahead of real time, so that a context whose deadline is near on it
+// does not expire in real time.
+func newController(t *testing.T, s Settings) (*Controller, *testutil.Clock) {
 	t.Helper()
-	clk := newFakeClock()
-	s.Now, s.AfterFunc = clk.Now, clk.AfterFunc
+	clk := testutil.NewClock(time.Now().Add(time.Hour))
+	s.Now = clk.Now
+	s.AfterFunc = func(d time.Duration, f func()) func() bool { return clk.AfterFunc(d, f).Stop }
 	c, err := New(s)
 	if err != nil {
 		t.Fatal(err)
@@ -94,31 +36,20 @@ func report(c *Controller, o Outcome, n int) {
 	}
 }
 
-// waitLine spins (without sleeping) until n attempts wait in c's line.
+// waitLine waits until n attempts wait in c's line.
 func waitLine(t *testing.T, c *Controller, n int) {
 	t.Helper()
-	for i := 0; c.State().Waiting != n; i++ {
-		if i > 1e7 {
-			t.Fatalf("waiting = %d, want %d", c.State().Waiting, n)
-		}
-		runtime.Gosched()
-	}
+	testutil.Eventually(t, fmt.Sprintf("%d attempts waiting in line", n), func() bool { return c.State().Waiting == n })
 }
 
 // waitLineOrShed spins until n attempts, counted since c began, wait in
 // its line or were shed.
 func waitLineOrShed(t *testing.T, c *Controller, n int) {
 	t.Helper()
-	for i := 0; ; i++ {
+	testutil.Eventually(t, fmt.Sprintf("%d attempts waiting or shed in all", n), func() bool {
 		st := c.State()
-		if st.Waiting+int(st.Shed) == n {
-			return
-		}
-		if i > 1e7 {
-			t.Fatalf("waiting %d, shed %d; want %d in all", st.Waiting, st.Shed, n)
-		}
-		runtime.Gosched()
-	}
+		return st.Waiting+int(st.Shed) == n
+	})
 }
 
 // rateOf is the controller's rate in attempts per interval (of the
@@ -138,14 +69,14 @@ type driven struct {
 // drive asks c for 6 attempts every 10 ms of clk for 10 s, each with a long
 // deadline, and reports how each one it lets through ended: outcome, called
 // with the time it was sent.
-func drive(t *testing.T, c *Controller, clk *fakeClock, outcome func(time.Time) Outcome) driven {
+func drive(t *testing.T, c *Controller, clk *testutil.Clock, outcome func(time.Time) Outcome) driven {
 	t.Helper()
 	return driveEach(t, c, clk, outcome, nil)
 }
 
 // driveEach is drive that calls each (if not nil) after every step of 10
 // ms.
-func driveEach(t *testing.T, c *Controller, clk *fakeClock, outcome func(time.Time) Outcome, each func()) driven {
+func driveEach(t *testing.T, c *Controller, clk *testutil.Clock, outcome func(time.Time) Outcome, each func()) driven {
 	t.Helper()
 	var (
 		wg sync.WaitGroup
@@ -179,18 +110,12 @@ func driveEach(t *testing.T, c *Controller, clk *fakeClock, outcome func(time.Ti
 				c.Done(o)
 			}()
 		}
-		for j := 0; ; j++ { // every attempt of this step asked
+		testutil.Eventually(t, "every attempt of the step sent, lost or waiting", func() bool {
 			mu.Lock()
 			n := r.sent + r.lost
 			mu.Unlock()
-			if n+c.State().Waiting == per*(i+1) {
-				break
-			}
-			if j > 1e7 {
-				t.Fatal("attempts neither sent nor waiting")
-			}
-			runtime.Gosched()
-		}
+			return n+c.State().Waiting == per*(i+1)
+		})
 		clk.Advance(step)
 		if r.ended < 0 && !c.Pacing() {
 			r.ended = time.Duration(i+1) * step
@@ -254,7 +179,7 @@ func confirmLoad(t *testing.T, c *Controller, k int) {
 // startCollapsed starts an episode as a burst of refusals does (MinFailures
 // of them, nothing answered) and lets the burst's interval end: the server
 // is collapsed, it showed no capacity, and the next interval begins.
-func startCollapsed(t *testing.T, c *Controller, clk *fakeClock) {
+func startCollapsed(t *testing.T, c *Controller, clk *testutil.Clock) {
 	t.Helper()
 	report(c, Overloaded, DefaultMinFailures)
 	clk.Advance(DefaultInterval)
@@ -265,7 +190,7 @@ func startCollapsed(t *testing.T, c *Controller, clk *fakeClock) {
 
 // calmThenFail runs perInterval answers for 30 intervals, then enough
 // failures in the next to start pacing.
-func calmThenFail(t *testing.T, perInterval int) (*Controller, *fakeClock) {
+func calmThenFail(t *testing.T, perInterval int) (*Controller, *testutil.Clock) {
 	t.Helper()
 	c, clk := newController(t, Settings{})
 	for range 30 {
@@ -282,7 +207,7 @@ func calmThenFail(t *testing.T, perInterval int) (*Controller, *fakeClock) {
 // herdCollapsed is a fresh client (nothing sustained before, so its line
 // never drains oldest first) whose first interval's herd the server took
 // 10 of, collapsing.
-func herdCollapsed(t *testing.T) (*Controller, *fakeClock) {
+func herdCollapsed(t *testing.T) (*Controller, *testutil.Clock) {
 	t.Helper()
 	c, clk := newController(t, Settings{})
 	report(c, Answered, 10)
@@ -297,7 +222,7 @@ func herdCollapsed(t *testing.T) (*Controller, *fakeClock) {
 // deadlineIn is a context whose deadline is d away on clk, which also
 // ends (cancelled) after 10s of real time, so that a test that would wait
 // for it fails instead of hanging.
-func deadlineIn(clk *fakeClock, d time.Duration) (context.Context, context.CancelFunc) {
+func deadlineIn(clk *testutil.Clock, d time.Duration) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithDeadline(context.Background(), clk.Now().Add(d))
 	stop := time.AfterFunc(10*time.Second, cancel)
 	return ctx, func() { stop.Stop(); cancel() }

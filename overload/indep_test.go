@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/herdguard/herdguard/internal/testutil"
 )
 
 // A paced server whose failures are independent (30 % of its attempts
@@ -120,7 +122,7 @@ func TestCapacityCutIsNotIndependentFailures(t *testing.T) {
 func capacityCut(t *testing.T, fresh bool, run, least int) {
 	var (
 		c   *Controller
-		clk *fakeClock
+		clk *testutil.Clock
 	)
 	if fresh {
 		c, clk = newController(t, Settings{})

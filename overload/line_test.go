@@ -6,6 +6,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/herdguard/herdguard/internal/testutil"
 )
 
 // While the rate is below what the server sustained before the overload
@@ -298,7 +300,7 @@ func TestAnswerSentCalmTookAtLeastTheEpisode(t *testing.T) {
 // wantOldestFirst checks that c serves its line oldest first: at 5 an
 // interval (below what is known: no shedding by wait), three waiters with
 // time get a token every 20ms, oldest first.
-func wantOldestFirst(t *testing.T, c *Controller, clk *fakeClock) {
+func wantOldestFirst(t *testing.T, c *Controller, clk *testutil.Clock) {
 	t.Helper()
 	setBucket(c, 5, 0, 0)
 	out := make(chan grant, 3)
@@ -318,7 +320,7 @@ func wantOldestFirst(t *testing.T, c *Controller, clk *fakeClock) {
 
 // answersTook is a controller that paces at the 60 an interval it
 // sustained before, the answers of its last interval having taken d.
-func answersTook(t *testing.T, d time.Duration) (*Controller, *fakeClock) {
+func answersTook(t *testing.T, d time.Duration) (*Controller, *testutil.Clock) {
 	t.Helper()
 	c, clk := calmThenFail(t, 60)
 	clk.Advance(DefaultInterval)
