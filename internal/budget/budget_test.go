@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/herdguard/herdguard/internal/budget"
+	"github.com/herdguard/herdguard/internal/testutil"
 	"github.com/herdguard/herdguard/policy"
 )
 
@@ -126,14 +127,11 @@ func TestThrottleValidate(t *testing.T) {
 	}
 }
 
-type clock struct{ t atomic.Int64 }
-
-func (c *clock) now() time.Time      { return time.Unix(0, c.t.Load()) }
-func (c *clock) add(d time.Duration) { c.t.Add(int64(d)) }
-func newRatio(t *testing.T, b policy.Budget) (*budget.Ratio, *clock) {
+// newRatio is a Ratio on a manual clock that starts at the Unix epoch.
+func newRatio(t *testing.T, b policy.Budget) (*budget.Ratio, *testutil.Clock) {
 	t.Helper()
-	c := &clock{}
-	r, err := budget.NewRatio(b, c.now)
+	c := testutil.NewClock(time.Unix(0, 0))
+	r, err := budget.NewRatio(b, c.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,12 +166,12 @@ func TestRatioBudget(t *testing.T) {
 		t.Errorf("counts %d calls, %d retries; want 100 and 30", calls, retries)
 	}
 	// half the window later the counts are still there...
-	c.add(5 * time.Second)
+	c.Advance(5 * time.Second)
 	if r.TryRetry() {
 		t.Error("a retry was allowed with the budget spent")
 	}
 	// ...and a whole window later they are gone
-	c.add(10 * time.Second)
+	c.Advance(10 * time.Second)
 	if calls, retries := r.Counts(); calls != 0 || retries != 0 {
 		t.Errorf("a window later: %d calls, %d retries; want none", calls, retries)
 	}
@@ -187,11 +185,11 @@ func TestRatioSlides(t *testing.T) {
 	for range 10 {
 		r.Call()
 	}
-	c.add(6 * time.Second)
+	c.Advance(6 * time.Second)
 	for range 10 {
 		r.Call()
 	}
-	c.add(5 * time.Second) // the first 10 calls fell out, the second 10 remain
+	c.Advance(5 * time.Second) // the first 10 calls fell out, the second 10 remain
 	if calls, _ := r.Counts(); calls != 10 {
 		t.Errorf("calls in the window %d, want 10", calls)
 	}
