@@ -2,10 +2,10 @@ package stormlab
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/testutil"
 	"github.com/herdguard/herdguard/internal/wire"
 
 	"go.uber.org/goleak"
@@ -20,27 +20,16 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// manualClock is the server's clock in tests.
-type manualClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *manualClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *manualClock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-func newTestServer(t *testing.T, f Faults) (*Server, *manualClock) {
+// newTestServer is a Server whose clock moves only when the test
+// advances it.
+func newTestServer(t *testing.T, f Faults) (*Server, *testutil.Clock) {
 	t.Helper()
 	s, err := NewServer(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &manualClock{t: time.Unix(1000, 0)}
-	s.now = clk.now
+	clk := testutil.NewClock(time.Unix(1000, 0))
+	s.now = clk.Now
 	s.reset(f)
 	return s, clk
 }
@@ -53,7 +42,7 @@ func TestServerCountsByWindow(t *testing.T) {
 	s, clk := newTestServer(t, Faults{Window: 100 * time.Millisecond})
 	s.arrive(context.Background())
 	s.arrive(retryCtx("2"))
-	clk.add(250 * time.Millisecond)
+	clk.Advance(250 * time.Millisecond)
 	s.arrive(retryCtx("3"))
 	s.arrive(retryCtx("3"))
 	s.arrive(context.Background())
@@ -94,11 +83,11 @@ func TestServerTellsRetriesOfEveryClient(t *testing.T) {
 func TestServerSlidingPeakCountsAStraddlingWave(t *testing.T) {
 	s, clk := newTestServer(t, Faults{Window: 100 * time.Millisecond})
 	s.arrive(context.Background()) // at 0: the first arrival starts the clock
-	clk.add(70 * time.Millisecond)
+	clk.Advance(70 * time.Millisecond)
 	for range 3 {
 		s.arrive(retryCtx("2")) // at 70 ms: window 0
 	}
-	clk.add(60 * time.Millisecond)
+	clk.Advance(60 * time.Millisecond)
 	for range 4 {
 		s.arrive(retryCtx("2")) // at 130 ms: window 1
 	}
@@ -106,7 +95,7 @@ func TestServerSlidingPeakCountsAStraddlingWave(t *testing.T) {
 	if st.PeakRetries != 4 || st.PeakRetriesSliding != 7 || st.PeakAttemptsSliding != 7 {
 		t.Errorf("peaks: per window %d, any span %d/%d; want 4 and 7/7", st.PeakRetries, st.PeakRetriesSliding, st.PeakAttemptsSliding)
 	}
-	clk.add(100 * time.Millisecond)
+	clk.Advance(100 * time.Millisecond)
 	s.arrive(context.Background())
 	st, _ = s.GetStats(context.Background(), nil)
 	if st.PeakRetriesSliding != 7 || st.PeakAttemptsSliding != 7 {
@@ -119,7 +108,7 @@ func TestServerOutageAndFailRate(t *testing.T) {
 	if _, _, err := s.arrive(context.Background()); status.Code(err) != codes.Unavailable {
 		t.Errorf("during the outage: %v, want Unavailable", err)
 	}
-	clk.add(time.Second)
+	clk.Advance(time.Second)
 	if _, _, err := s.arrive(context.Background()); err != nil {
 		t.Errorf("after the outage: %v", err)
 	}
@@ -165,20 +154,20 @@ func TestServerOverloadRecoversOnlyAfterCalm(t *testing.T) {
 		t.Fatalf("over capacity: %d of 2 failed, want 2", f)
 	}
 	// windows 1 and 2 within capacity, window 3 over: the calm starts again
-	clk.add(w)
+	clk.Advance(w)
 	arrive(1)
-	clk.add(w)
+	clk.Advance(w)
 	arrive(1)
-	clk.add(w)
+	clk.Advance(w)
 	if f := arrive(4); f != 4 {
 		t.Fatalf("still overloaded: %d of 4 failed", f)
 	}
 	// three calm windows (4, 5, 6), then it takes work again
-	clk.add(w)
+	clk.Advance(w)
 	if f := arrive(2); f != 2 {
 		t.Fatalf("calm is not yet long enough: %d of 2 failed", f)
 	}
-	clk.add(3 * w)
+	clk.Advance(3 * w)
 	if f := arrive(3); f != 0 {
 		t.Fatalf("after 3 calm windows: %d of 3 failed, want 0", f)
 	}

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/herdguard/herdguard/internal/testutil"
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
 
@@ -22,11 +23,11 @@ type step struct {
 	waits []time.Duration // per attempt; -1 = fails at once
 }
 
-func runSteps(t *testing.T, s *Server, clk *manualClock, steps []step) {
+func runSteps(t *testing.T, s *Server, clk *testutil.Clock, steps []step) {
 	t.Helper()
 	var at time.Duration
 	for i, st := range steps {
-		clk.add(st.after)
+		clk.Advance(st.after)
 		at += st.after
 		for j, want := range st.waits {
 			_, queued, err := s.arrive(context.Background())
@@ -146,15 +147,15 @@ func TestStickyTrigger(t *testing.T) {
 func TestClockStartsAtFirstArrival(t *testing.T) {
 	f := Faults{Outage: time.Second, Window: 100 * ms}
 	s, clk := newTestServer(t, f)
-	clk.add(5 * time.Second) // nothing happens between the reset and the first arrival
+	clk.Advance(5 * time.Second) // nothing happens between the reset and the first arrival
 	if _, _, err := s.arrive(context.Background()); status.Code(err) != codes.Unavailable {
 		t.Fatalf("first arrival, 5 s after the reset: %v; the 1 s outage must start with it", err)
 	}
-	clk.add(999 * ms)
+	clk.Advance(999 * ms)
 	if _, _, err := s.arrive(context.Background()); err == nil {
 		t.Fatal("999 ms after the first arrival: the outage is over already")
 	}
-	clk.add(ms)
+	clk.Advance(ms)
 	if _, _, err := s.arrive(context.Background()); err != nil {
 		t.Fatalf("1 s after the first arrival: %v", err)
 	}
@@ -165,7 +166,7 @@ func TestClockStartsAtFirstArrival(t *testing.T) {
 
 	// a reset stops the clock again, and a trigger counts from the next arrival
 	s.reset(Faults{Capacity: 5, TriggerAt: 200 * ms, TriggerFor: 100 * ms, TriggerOutage: true, Window: 100 * ms})
-	clk.add(time.Hour)
+	clk.Advance(time.Hour)
 	runSteps(t, s, clk, []step{{0, []time.Duration{0}}, {199 * ms, []time.Duration{0}}, {ms, []time.Duration{-1}}})
 }
 
@@ -177,7 +178,7 @@ func TestServerCountsSuccessesPerWindow(t *testing.T) {
 			s.finish(w, nil)
 		}
 	}
-	clk.add(100 * ms)
+	clk.Advance(100 * ms)
 	st, _ := s.GetStats(context.Background(), nil)
 	if got := st.Windows[0]; got.Succeeded != 2 || got.Failed != 1 {
 		t.Errorf("window 0: %d succeeded, %d failed; want 2 and 1", got.Succeeded, got.Failed)
@@ -301,11 +302,11 @@ func TestHerdBoundIsReached(t *testing.T) {
 			}
 		}
 		send(context.Background(), sc.Calls)
-		clk.add(sc.Faults.CapacityWindow + sc.Faults.RecoverAfter) // recovered
+		clk.Advance(sc.Faults.CapacityWindow + sc.Faults.RecoverAfter) // recovered
 		for left := sc.Calls - c; left > 0; left -= c {
 			send(retryCtx("2"), min(c, left))
 			if left > c {
-				clk.add(sc.Faults.CapacityWindow)
+				clk.Advance(sc.Faults.CapacityWindow)
 			}
 		}
 		st, err := s.GetStats(context.Background(), nil)
