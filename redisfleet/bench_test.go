@@ -15,6 +15,7 @@ import (
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/interceptor"
 	"github.com/herdguard/herdguard/internal/redistest"
+	"github.com/herdguard/herdguard/internal/testutil"
 	"github.com/herdguard/herdguard/redisfleet"
 )
 
@@ -137,13 +138,7 @@ func BenchmarkInterceptorAlone(b *testing.B) {
 			unary(ctx, "/bench.Service/Method", nil, nil, cc, invoker) // joins the fleet
 			if bc.s.Fleet != nil {
 				br := ic.Breakers().Get(cc.Target(), "/bench.Service/Method")
-				deadline := time.Now().Add(5 * time.Second)
-				for !br.Shared() && time.Now().Before(deadline) {
-					time.Sleep(time.Millisecond)
-				}
-				if !br.Shared() {
-					b.Fatal("the breaker does not follow the fleet")
-				}
+				testutil.Eventually(b, "the breaker to follow the fleet", br.Shared)
 			}
 			before := commands(b, srv.Addr)
 			b.ReportAllocs()

@@ -20,6 +20,7 @@ import (
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/redistest"
+	"github.com/herdguard/herdguard/internal/testutil"
 	"github.com/herdguard/herdguard/redisfleet"
 )
 
@@ -72,7 +73,7 @@ func newReplica(t testing.TB, addr string, s breaker.Settings, opts redisfleet.O
 	if err := f.WaitSynced(ctx); err != nil {
 		t.Fatalf("the fleet did not sync: %v", err)
 	}
-	eventually(t, "the breaker follows the fleet", r.b.Shared)
+	testutil.Eventually(t, "the breaker follows the fleet", r.b.Shared)
 	return r
 }
 
@@ -105,19 +106,6 @@ func (r *replica) counter(t testing.TB, name string) int64 {
 		}
 	}
 	return 0
-}
-
-// eventually waits, up to a wide 5 s, for cond.
-func eventually(t testing.TB, what string, cond func() bool) time.Duration {
-	t.Helper()
-	began := time.Now()
-	for !cond() {
-		if time.Since(began) > 5*time.Second {
-			t.Fatalf("%s: not within 5 s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return time.Since(began)
 }
 
 func fleetState(r *replica) breaker.State {
@@ -157,18 +145,18 @@ func TestFleetOpensTogether(t *testing.T) {
 	// failures of both replicas count in one run
 	a.call(herdguard.Failure)
 	a.call(herdguard.Failure)
-	eventually(t, "the other replica hears the fleet is suspect", func() bool {
+	testutil.Eventually(t, "the other replica hears the fleet is suspect", func() bool {
 		return b.b.Shared() && fleetState(b) == breaker.Closed
 	})
 	if ran, err := b.call(herdguard.Failure); !ran || err != nil {
 		t.Fatalf("the third failure was refused: %v", err)
 	}
-	took := eventually(t, "replica a refuses after b's failure opened the fleet", func() bool {
+	took := testutil.Eventually(t, "replica a refuses after b's failure opened the fleet", func() bool {
 		_, err := a.call(herdguard.Success)
 		return refusedShared(err)
 	})
 	t.Logf("replica a refused %v after b's third failure", took)
-	eventually(t, "replica b refuses too", func() bool {
+	testutil.Eventually(t, "replica b refuses too", func() bool {
 		_, err := b.call(herdguard.Success)
 		return refusedShared(err)
 	})
@@ -193,7 +181,7 @@ func TestFleetRunMustLastDownAfter(t *testing.T) {
 		a.call(herdguard.Failure)
 		b.call(herdguard.Failure)
 	}
-	eventually(t, "Redis counts 20 failures", func() bool { return failures(t, srv.Addr) == 20 })
+	testutil.Eventually(t, "Redis counts 20 failures", func() bool { return failures(t, srv.Addr) == 20 })
 	if time.Since(began) < 400*time.Millisecond { // else the machine was too slow to tell
 		if st := client(t, srv.Addr).HGet(context.Background(), redisfleet.DefaultPrefix+scope, "st").Val(); st == "o" {
 			t.Errorf("20 failures in %v opened the fleet, before DownAfter", time.Since(began))
@@ -203,7 +191,7 @@ func TestFleetRunMustLastDownAfter(t *testing.T) {
 	// a's own breaker, with the same rule, opens on this failure too: the
 	// fleet's must have opened as well
 	a.call(herdguard.Failure)
-	eventually(t, "the fleet opens once the run lasted DownAfter", func() bool {
+	testutil.Eventually(t, "the fleet opens once the run lasted DownAfter", func() bool {
 		_, err := b.call(herdguard.Success)
 		return refusedShared(err)
 	})
@@ -216,15 +204,15 @@ func TestASuccessEndsTheFleetRun(t *testing.T) {
 	b := newReplica(t, srv.Addr, s, redisfleet.Options{})
 	a.call(herdguard.Failure)
 	a.call(herdguard.Failure)
-	eventually(t, "Redis counts 2 failures", func() bool { return failures(t, srv.Addr) == 2 })
+	testutil.Eventually(t, "Redis counts 2 failures", func() bool { return failures(t, srv.Addr) == 2 })
 	// b's success, once b heard the fleet is suspect, ends the run
-	eventually(t, "b's success ends the fleet's run of failures", func() bool {
+	testutil.Eventually(t, "b's success ends the fleet's run of failures", func() bool {
 		b.call(herdguard.Success)
 		return failures(t, srv.Addr) == 0
 	})
 	a.call(herdguard.Failure) // a's own run is 3 now: its own breaker opened
 	b.call(herdguard.Failure)
-	eventually(t, "Redis counts 2 new failures", func() bool { return failures(t, srv.Addr) == 2 })
+	testutil.Eventually(t, "Redis counts 2 new failures", func() bool { return failures(t, srv.Addr) == 2 })
 	if st := client(t, srv.Addr).HGet(context.Background(), redisfleet.DefaultPrefix+scope, "st").Val(); st == "o" {
 		t.Error("2 failures after a success opened the fleet")
 	}
@@ -252,7 +240,7 @@ func TestOneProbeAcrossTheFleet(t *testing.T) {
 	fleet[0].call(herdguard.Failure) // opens the fleet; in round 1, the failed probe of round 0 has
 	for round := range 2 {
 		for _, r := range fleet {
-			eventually(t, "every replica hears the fleet opened", func() bool { return fleetState(r) != breaker.Closed })
+			testutil.Eventually(t, "every replica hears the fleet opened", func() bool { return fleetState(r) != breaker.Closed })
 		}
 		time.Sleep(350 * time.Millisecond) // the open period ends
 
@@ -278,7 +266,7 @@ func TestOneProbeAcrossTheFleet(t *testing.T) {
 				}
 			}()
 		}
-		eventually(t, "five replicas are refused", func() bool { return refused.Load() == 5 })
+		testutil.Eventually(t, "five replicas are refused", func() bool { return refused.Load() == 5 })
 		close(release)
 		wg.Wait()
 		if probes.Load() != 1 {
@@ -286,12 +274,12 @@ func TestOneProbeAcrossTheFleet(t *testing.T) {
 		}
 		if round == 0 {
 			for _, r := range fleet {
-				eventually(t, "the failed probe opens the fleet again", func() bool { return fleetState(r) == breaker.Open })
+				testutil.Eventually(t, "the failed probe opens the fleet again", func() bool { return fleetState(r) == breaker.Open })
 			}
 		}
 	}
 	for _, r := range fleet {
-		eventually(t, "the probe's success closes the fleet", func() bool { return fleetState(r) == breaker.Closed })
+		testutil.Eventually(t, "the probe's success closes the fleet", func() bool { return fleetState(r) == breaker.Closed })
 		if ran, err := r.call(herdguard.Success); !ran || err != nil {
 			t.Errorf("after the fleet closed: ran %v, %v", ran, err)
 		}
@@ -311,7 +299,7 @@ func TestAProbeLeaseLapses(t *testing.T) {
 	a := newReplica(t, srv.Addr, s, redisfleet.Options{})
 	b := newReplica(t, srv.Addr, s, redisfleet.Options{})
 	a.call(herdguard.Failure)
-	eventually(t, "b hears", func() bool { return fleetState(b) != breaker.Closed })
+	testutil.Eventually(t, "b hears", func() bool { return fleetState(b) != breaker.Closed })
 	time.Sleep(250 * time.Millisecond)
 	// a takes the lease and never reports, as a replica that died would
 	blocked, leased := make(chan struct{}), make(chan bool)
@@ -320,11 +308,11 @@ func TestAProbeLeaseLapses(t *testing.T) {
 	if !<-leased {
 		t.Fatal("a's call did not run as the fleet's probe")
 	}
-	eventually(t, "b is refused while a's lease lasts", func() bool {
+	testutil.Eventually(t, "b is refused while a's lease lasts", func() bool {
 		_, err := b.call(herdguard.Success)
 		return refusedShared(err)
 	})
-	eventually(t, "b gets a probe once the lease lapses (one open period)", func() bool {
+	testutil.Eventually(t, "b gets a probe once the lease lapses (one open period)", func() bool {
 		ran, _ := b.call(herdguard.Success)
 		return ran
 	})
@@ -339,7 +327,7 @@ func TestALapsedLeaseCountsForNothing(t *testing.T) {
 	a := newReplica(t, srv.Addr, s, redisfleet.Options{})
 	b := newReplica(t, srv.Addr, s, redisfleet.Options{})
 	a.call(herdguard.Failure)
-	eventually(t, "b hears the fleet opened", func() bool { return fleetState(b) != breaker.Closed })
+	testutil.Eventually(t, "b hears the fleet opened", func() bool { return fleetState(b) != breaker.Closed })
 	time.Sleep(250 * time.Millisecond) // the open period ends
 	release, leased := make(chan struct{}), make(chan bool)
 	done := make(chan struct{})
@@ -351,12 +339,12 @@ func TestALapsedLeaseCountsForNothing(t *testing.T) {
 		t.Fatal("a's call was not the fleet's probe")
 	}
 	// a's lease lapses; b probes in a new round and succeeds
-	eventually(t, "b probes once a's lease lapsed", func() bool {
+	testutil.Eventually(t, "b probes once a's lease lapsed", func() bool {
 		ran, _ := b.call(herdguard.Success)
 		return ran
 	})
 	for _, r := range []*replica{a, b} {
-		eventually(t, "b's success closes the fleet", func() bool { return fleetState(r) == breaker.Closed })
+		testutil.Eventually(t, "b's success closes the fleet", func() bool { return fleetState(r) == breaker.Closed })
 	}
 	close(release) // a's late failure comes in
 	<-done
@@ -389,7 +377,7 @@ func TestRedisKilledFallsBackAndRejoins(t *testing.T) {
 	if d := time.Since(began); d > 20*time.Millisecond {
 		t.Errorf("a failure with Redis gone waited %v", d)
 	}
-	eventually(t, "both replicas fall back to their own breakers", func() bool { return !a.b.Shared() && !b.b.Shared() })
+	testutil.Eventually(t, "both replicas fall back to their own breakers", func() bool { return !a.b.Shared() && !b.b.Shared() })
 	// each replica's own breaker decides
 	a.call(herdguard.Failure)
 	a.call(herdguard.Failure)
@@ -399,7 +387,7 @@ func TestRedisKilledFallsBackAndRejoins(t *testing.T) {
 	for range 20 {
 		a.call(herdguard.Failure)
 	}
-	eventually(t, "the loss is counted", func() bool { return a.counter(t, redisfleet.MetricLost) == 1 })
+	testutil.Eventually(t, "the loss is counted", func() bool { return a.counter(t, redisfleet.MetricLost) == 1 })
 	if n := strings.Count(a.log.String(), "cannot be reached"); n != 1 {
 		t.Errorf("the loss was logged %d times, want once:\n%s", n, a.log.String())
 	}
@@ -410,11 +398,11 @@ func TestRedisKilledFallsBackAndRejoins(t *testing.T) {
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	took := eventually(t, "both replicas rejoin the fleet", func() bool { return a.b.Shared() && b.b.Shared() })
+	took := testutil.Eventually(t, "both replicas rejoin the fleet", func() bool { return a.b.Shared() && b.b.Shared() })
 	t.Logf("rejoined %v after Redis restarted", took)
 	// The return is logged once the fleet's lock is released, after the
 	// views follow Redis again.
-	eventually(t, "the return is logged", func() bool { return strings.Contains(a.log.String(), "answers again") })
+	testutil.Eventually(t, "the return is logged", func() bool { return strings.Contains(a.log.String(), "answers again") })
 	if v := a.counter(t, redisfleet.MetricReachable); v != 1 {
 		t.Errorf("reachable = %d after Redis returned", v)
 	}
@@ -422,7 +410,7 @@ func TestRedisKilledFallsBackAndRejoins(t *testing.T) {
 	for range 3 {
 		b.call(herdguard.Failure)
 	}
-	eventually(t, "the fleet opens again", func() bool { return fleetState(a) == breaker.Open })
+	testutil.Eventually(t, "the fleet opens again", func() bool { return fleetState(a) == breaker.Open })
 }
 
 func TestSlowRedisNeverHoldsACall(t *testing.T) {
@@ -430,7 +418,7 @@ func TestSlowRedisNeverHoldsACall(t *testing.T) {
 	s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 100 * time.Millisecond, MaxOpenTimeout: 100 * time.Millisecond}
 	a := newReplica(t, srv.Addr, s, redisfleet.Options{Timeout: 50 * time.Millisecond})
 	a.call(herdguard.Failure)
-	eventually(t, "the fleet opens", func() bool { return fleetState(a) == breaker.Open })
+	testutil.Eventually(t, "the fleet opens", func() bool { return fleetState(a) == breaker.Open })
 	time.Sleep(150 * time.Millisecond) // the open period ends: the next call asks Redis for a lease
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
@@ -451,7 +439,7 @@ func TestSlowRedisNeverHoldsACall(t *testing.T) {
 	if err := srv.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the replica rejoins once Redis answers", a.b.Shared)
+	testutil.Eventually(t, "the replica rejoins once Redis answers", a.b.Shared)
 }
 
 func TestStateOfADeadReplicaExpires(t *testing.T) {
@@ -459,9 +447,9 @@ func TestStateOfADeadReplicaExpires(t *testing.T) {
 	s := breaker.Settings{ConsecutiveFailures: 5, OpenTimeout: 100 * time.Millisecond, MaxOpenTimeout: 100 * time.Millisecond}
 	a := newReplica(t, srv.Addr, s, redisfleet.Options{TTL: 300 * time.Millisecond})
 	a.call(herdguard.Failure)
-	eventually(t, "the failure is counted", func() bool { return suspect(t, srv.Addr) })
+	testutil.Eventually(t, "the failure is counted", func() bool { return suspect(t, srv.Addr) })
 	a.fleet.Close() // the replica dies
-	eventually(t, "its state expires", func() bool {
+	testutil.Eventually(t, "its state expires", func() bool {
 		n, err := client(t, srv.Addr).Exists(context.Background(), redisfleet.DefaultPrefix+scope).Result()
 		return err == nil && n == 0
 	})
@@ -477,7 +465,7 @@ func TestCalmCallsMakeNoRoundTrip(t *testing.T) {
 		a.call(herdguard.Success)
 	}
 	a.call(herdguard.Failure)
-	eventually(t, "the failure reaches Redis", func() bool { return suspect(t, srv.Addr) })
+	testutil.Eventually(t, "the failure reaches Redis", func() bool { return suspect(t, srv.Addr) })
 	// the failure's script, the recovery after it, this test's own reads and
 	// INFO, and a ping or two of the subscriber's health check
 	if n := commands(t, srv.Addr) - before; n > 20 {
@@ -543,12 +531,12 @@ func TestStateMadeAgainAfterExpiry(t *testing.T) {
 		for range 3 {
 			a.call(herdguard.Failure)
 		}
-		eventually(t, "the fleet opens", func() bool { return fleetState(a) == breaker.Open })
-		eventually(t, "a probe closes it", func() bool {
+		testutil.Eventually(t, "the fleet opens", func() bool { return fleetState(a) == breaker.Open })
+		testutil.Eventually(t, "a probe closes it", func() bool {
 			a.call(herdguard.Success)
 			return fleetState(a) == breaker.Closed && a.b.State() == breaker.Closed
 		})
-		eventually(t, "the hash expires", gone(t, srv.Addr))
+		testutil.Eventually(t, "the hash expires", gone(t, srv.Addr))
 		for i := range 3 { // a failure and a success, three times: never 3 in a row
 			a.call(herdguard.Failure)
 			redisfleet.Flush(a.fleet)
@@ -566,9 +554,9 @@ func TestStateMadeAgainAfterExpiry(t *testing.T) {
 		s := breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 100 * time.Millisecond, MaxOpenTimeout: 100 * time.Millisecond}
 		a := newReplica(t, srv.Addr, s, redisfleet.Options{TTL: 300 * time.Millisecond})
 		a.call(herdguard.Failure)
-		eventually(t, "the fleet opens", func() bool { return fleetState(a) == breaker.Open })
-		eventually(t, "the hash expires", gone(t, srv.Addr))
-		eventually(t, "the replica sees the fleet calm", func() bool {
+		testutil.Eventually(t, "the fleet opens", func() bool { return fleetState(a) == breaker.Open })
+		testutil.Eventually(t, "the hash expires", gone(t, srv.Addr))
+		testutil.Eventually(t, "the replica sees the fleet calm", func() bool {
 			a.call(herdguard.Success)
 			return fleetState(a) == breaker.Closed
 		})

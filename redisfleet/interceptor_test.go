@@ -14,6 +14,7 @@ import (
 	"github.com/herdguard/herdguard/interceptor"
 	"github.com/herdguard/herdguard/internal/redistest"
 	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/internal/testutil"
 	"github.com/herdguard/herdguard/policy"
 	"github.com/herdguard/herdguard/redisfleet"
 )
@@ -61,7 +62,7 @@ func TestInterceptorsShareOneBreaker(t *testing.T) {
 	}
 	// two failed calls (six attempts) leave the fleet closed: b's next
 	// call still reaches the server, with all its attempts, and is the third
-	eventually(t, "Redis counts the two failed calls", func() bool {
+	testutil.Eventually(t, "Redis counts the two failed calls", func() bool {
 		n, _ := client(t, srv.Addr).HGet(context.Background(), redisfleet.DefaultPrefix+testserver.Target, "f").Int()
 		return n == 2
 	})
@@ -72,7 +73,7 @@ func TestInterceptorsShareOneBreaker(t *testing.T) {
 	if got := backend.Requests() - sent; got != 3 {
 		t.Fatalf("replica b's call after two failed calls made %d attempts, want 3: the fleet must count calls", got)
 	}
-	took := eventually(t, "replica a is refused by the fleet's breaker", func() bool {
+	took := testutil.Eventually(t, "replica a is refused by the fleet's breaker", func() bool {
 		return refusedShared(call(clients[0]))
 	})
 	t.Logf("replica b refused %v after the fleet's third failure opened it", took)
