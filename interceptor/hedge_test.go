@@ -1005,3 +1005,23 @@ func BenchmarkHedgeAlone(b *testing.B) {
 		})
 	})
 }
+
+// TestHedgeLastAllowedAttemptPushedBack: a pushback on the last attempt
+// allowed, with none in flight, has no hedge to delay: the call ends as
+// exhausted at once, as a hedged stream does, even when the pushback would
+// outlast its deadline.
+func TestHedgeLastAllowedAttemptPushedBack(t *testing.T) {
+	srv, clk := startHedgeServer(t), newManualClock()
+	srv.on(1, failWith(codes.Unavailable, "10"))
+	srv.on(2, failWith(codes.Unavailable, "3600000")) // an hour: past the call's deadline
+	done, _ := hedgedCall(t, srv, clk, hedging(2, codes.Unavailable))
+	srv.waitArrival(t, 1)
+	clk.waitArmed(t, 10*time.Millisecond)
+	clk.Advance(10 * time.Millisecond)
+	srv.waitArrival(t, 2)
+	r := waitResult(t, done)
+	var re *RetryError
+	if !errors.As(r.err, &re) || re.Outcome != OutcomeExhausted || re.Attempts != 2 || status.Code(r.err) != codes.Unavailable {
+		t.Fatalf("call: %v; want an exhausted RetryError after 2 attempts with Unavailable", r)
+	}
+}
