@@ -7,9 +7,10 @@ import (
 )
 
 // Clock is a fake clock for code that takes its time and timers from
-// outside. Its time moves only when the test calls [Clock.Advance] or
-// [Clock.Skip], or, with [Instant], when a timer is set. It records every
-// delay a timer was set to ([Clock.Delays]).
+// outside. Its time moves only when the test calls [Clock.Advance] (fire
+// what falls due), [Clock.Skip] (fire nothing yet) or [Clock.Expire]
+// (hand back what falls due), or, with [Instant], when a timer is set. It
+// records every delay a timer was set to ([Clock.Delays]).
 //
 // By default a timer fires inside the Advance that reaches its due time:
 // due timers fire in order of due time (ties in the order they were set),
@@ -90,12 +91,15 @@ func (c *Clock) AfterFunc(d time.Duration, f func()) *Timer {
 // then, including timers set before and due already (see [Clock.Skip]).
 // Without [Async], every function it fires has returned when it returns.
 func (c *Clock) Advance(d time.Duration) {
+	if c.async {
+		for _, f := range c.Expire(d) {
+			go f()
+		}
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	end := c.now.Add(d)
-	if c.async {
-		c.now = later(c.now, end)
-	}
 	for {
 		t := c.nextDueLocked(end)
 		if t == nil {
@@ -110,6 +114,25 @@ func (c *Clock) Advance(d time.Duration) {
 		}
 	}
 	c.now = later(c.now, end)
+}
+
+// Expire moves the clock on by d and fires the NewTimer timers due by
+// then, as Advance with [Async] does, but returns the functions of the
+// AfterFunc timers due, in order, without running them: the test stands
+// in for timers whose functions have not got round to running yet (a
+// real timer's goroutine that waits for a lock).
+func (c *Clock) Expire(d time.Duration) []func() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = later(c.now, c.now.Add(d))
+	var due []func()
+	for t := c.nextDueLocked(c.now); t != nil; t = c.nextDueLocked(c.now) {
+		c.disarmLocked(t)
+		if f := c.fireLocked(t); f != nil {
+			due = append(due, f)
+		}
+	}
+	return due
 }
 
 // Skip moves the clock on by d without firing any timer: time that passes
@@ -156,20 +179,16 @@ func (c *Clock) disarmLocked(t *Timer) {
 	c.armed = c.armed[:len(c.armed)-1]
 }
 
-// fireLocked fires t, which is not armed: it sends the time on t's
-// channel, or starts t's function with Async, or returns the function
-// for the caller to run once it let go of the lock.
+// fireLocked fires t, which is not armed: it sends the clock's time on
+// t's channel, or returns t's function for the caller to run (once it has
+// let go of the lock) or start.
 func (c *Clock) fireLocked(t *Timer) func() {
-	switch {
-	case t.c != nil:
-		select { // the channel was emptied when t was set
-		case t.c <- c.now:
-		default:
-		}
-	case c.async:
-		go t.f()
-	default:
+	if t.c == nil {
 		return t.f
+	}
+	select { // the channel was emptied when t was set
+	case t.c <- c.now:
+	default:
 	}
 	return nil
 }
@@ -227,7 +246,11 @@ func (t *Timer) Reset(d time.Duration) bool {
 	c.now = c.now.Add(max(d, 0))
 	f := c.fireLocked(t)
 	c.mu.Unlock()
-	if f != nil {
+	switch {
+	case f == nil:
+	case c.async:
+		go f()
+	default:
 		f()
 	}
 	return was

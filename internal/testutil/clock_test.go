@@ -192,6 +192,44 @@ func TestClockAsync(t *testing.T) {
 	}
 }
 
+// TestClockExpire: Expire moves the clock to its end and hands back, in
+// order and unrun, the functions of the timers due, which are no longer
+// pending; a NewTimer due fires.
+func TestClockExpire(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		opts []Option
+	}{{"sync", nil}, {"async", []Option{Async()}}} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, e := NewClock(start, tt.opts...), &events{}
+			b := c.AfterFunc(20*ms, func() { e.add("b at %v", since(c)) })
+			c.AfterFunc(10*ms, func() { e.add("a at %v", since(c)) })
+			c.AfterFunc(40*ms, func() { e.add("c at %v", since(c)) })
+			ch := c.NewTimer(15 * ms)
+			due := c.Expire(30 * ms)
+			e.add("expired to %v, %d due", since(c), len(due))
+			for _, f := range due {
+				f()
+			}
+			e.add("stop b %v", b.Stop())
+			select {
+			case at := <-ch.C():
+				e.add("channel at %v", at.Sub(start))
+			default:
+				e.add("channel empty")
+			}
+			c.Advance(10 * ms)
+			want := []string{"expired to 30ms, 2 due", "a at 30ms", "b at 30ms", "stop b false", "channel at 30ms", "c at 40ms"}
+			if tt.opts != nil { // c runs in its own goroutine
+				Eventually(t, "c to run", func() bool { return len(e.list()) == len(want) })
+			}
+			if got := e.list(); !slices.Equal(got, want) {
+				t.Errorf("got %q, want %q", got, want)
+			}
+		})
+	}
+}
+
 // TestClockInstant: with Instant every timer fires as it is set and moves
 // the clock on by its delay.
 func TestClockInstant(t *testing.T) {
