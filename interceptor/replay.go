@@ -1,8 +1,7 @@
 package interceptor
 
 import (
-	"fmt"
-
+	"github.com/herdguard/herdguard/internal/errs"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -99,7 +98,7 @@ func streamBufferFor(def int, opts []grpc.CallOption) (int, error) {
 	for _, o := range opts {
 		if o, ok := o.(streamBufferOption); ok {
 			if o.n < 0 {
-				return 0, fmt.Errorf("interceptor: CallStreamBuffer(%d): must not be negative", o.n)
+				return 0, errs.Errorf("interceptor: CallStreamBuffer(%d): must not be negative", o.n)
 			}
 			def = o.n
 		}

@@ -14,12 +14,13 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/herdguard/herdguard/internal/errs"
 	"github.com/herdguard/herdguard/overload"
 )
 
 // errAttemptTimeout is the cause with which a stream attempt's context is
 // cancelled when its PerAttemptTimeout passes before the stream commits.
-var errAttemptTimeout = errors.New("herdguard: per-attempt timeout")
+var errAttemptTimeout = errs.New("per-attempt timeout")
 
 // streamAttempt is one attempt of a stream.
 type streamAttempt struct {
