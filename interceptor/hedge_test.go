@@ -436,7 +436,9 @@ func TestHedgeNeedsAThrottlingToken(t *testing.T) {
 		t.Fatalf("call: %v; want a budget_exhausted RetryError after 1 attempt", r)
 	}
 	srv.noArrival(t)
-	_ = ic
+	if got := ic.limitsFor(testserver.Target).throttle.Tokens(); got != 1 {
+		t.Errorf("throttling tokens %v after one failed attempt of 2, want 1", got)
+	}
 }
 
 // TestHedgeBudgetIsEarnedByAnswers: by default, hedges to a target are at
@@ -555,7 +557,9 @@ func TestHedgeBreakerCountsOneCallAndProbesAlone(t *testing.T) {
 	for n := 1; n <= 3; n++ {
 		srv.waitArrival(t, n)
 	}
-	waitResult(t, done)
+	if r := waitResult(t, done); !errors.As(r.err, new(*RetryError)) || status.Code(r.err) != codes.Unavailable {
+		t.Fatalf("first call: %v; want a RetryError with Unavailable after 3 attempts", r)
+	}
 	b := ic.Breakers().Get(testserver.Target, testserver.MethodUnary)
 	if c := b.Counts(); c.ConsecutiveFailures != 1 || b.State() != breaker.Closed {
 		t.Fatalf("after one hedged call of 3 failed attempts: %v with %+v; want closed with a run of 1", b.State(), c)
@@ -860,13 +864,21 @@ func TestHedgeRefusedByTheRetryBudgetCostsNoHedge(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := srv.Client(t, ic.DialOptions()...)
+	ok := 0
 	for range 5 {
 		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Millisecond)
-		_, _ = c.UnaryCall(ctx, &testgrpc.SimpleRequest{})
+		if _, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{}); err == nil {
+			ok++
+		} else if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("call: %v, want DeadlineExceeded or an answer", err)
+		}
 		cancel()
 	}
 	if _, hedges := ic.hedgeBudget(testserver.Target).Counts(); hedges != 1 {
 		t.Errorf("the hedge budget counted %d hedges; the retry budget let 1 go", hedges)
+	}
+	if ok != 1 || srv.Requests() != 6 {
+		t.Errorf("%d calls answered, %d attempts; want 1 answered by the one hedge the retry budget let go, and 6 attempts", ok, srv.Requests())
 	}
 }
 

@@ -690,8 +690,8 @@ func TestHedgedStreamExhaustedFillsTheLastAttempts(t *testing.T) {
 		_, err = s.Recv()
 	}
 	var re *RetryError
-	if !errors.As(err, &re) || status.Convert(err).Message() != "down 2" {
-		t.Fatalf("Recv: %v; want an exhausted RetryError with the second attempt's status", err)
+	if !errors.As(err, &re) || re.Outcome != OutcomeExhausted || re.Attempts != 2 || status.Convert(err).Message() != "down 2" {
+		t.Fatalf("Recv: %v; want an exhausted RetryError after 2 attempts, with the second attempt's status", err)
 	}
 	if got := trailer.Get("who"); !slices.Equal(got, []string{"2"}) {
 		t.Errorf("caller's trailer who=%q, want attempt 2's (the one whose status the stream ended with)", got)
