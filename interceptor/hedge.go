@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/pacing"
+
 	"github.com/herdguard/herdguard/telemetry"
 
 	"go.opentelemetry.io/otel/trace"
@@ -20,7 +22,6 @@ import (
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/budget"
 	"github.com/herdguard/herdguard/internal/latency"
-	"github.com/herdguard/herdguard/overload"
 )
 
 // hedgeCall is one hedged unary call (gRFC A6's hedging policy). Its first
@@ -358,12 +359,12 @@ func hedgeable(reply any) bool {
 type hedgeRules struct {
 	max      int
 	delay    time.Duration
-	window   *latency.Window      // nil: a fixed delay
-	hedges   *budget.Ratio        // the target's hedge budget, earned by successes
-	ratio    *budget.Ratio        // nil: no WithRetryBudget
-	throttle *budget.Throttle     // nil: no throttling
-	breaker  *breaker.Breaker     // nil: none
-	ctl      *overload.Controller // nil: no overload control
+	window   *latency.Window    // nil: a fixed delay
+	hedges   *budget.Ratio      // the target's hedge budget, earned by successes
+	ratio    *budget.Ratio      // nil: no WithRetryBudget
+	throttle *budget.Throttle   // nil: no throttling
+	breaker  *breaker.Breaker   // nil: none
+	ctl      *pacing.Controller // nil: no overload control
 }
 
 // hedgeRulesFor returns the rules of a call to target's method under p, of

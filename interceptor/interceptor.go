@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/pacing"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
@@ -42,6 +44,7 @@ type Interceptor struct {
 	// overload is the overload controllers' settings (nil: off), and
 	// controllers holds each target's.
 	overload       *overload.Settings
+	pacingClock    pacing.Clock // the overload controllers' clock
 	controllers    cow.Map[string, *targetController]
 	lastController atomic.Pointer[targetController]
 
@@ -159,12 +162,9 @@ func New(opts ...Option) (*Interceptor, error) {
 	}
 	if c.overload != nil {
 		s := *c.overload
-		if s.Now == nil { // the interceptor's clock, so tests can drive it
-			cl := c.clock
-			s.Now = cl.Now
-			s.AfterFunc = func(d time.Duration, f func()) func() bool { return cl.AfterFunc(d, f).Stop }
-		}
 		ic.overload = &s
+		cl := c.clock // the interceptor's clock, so tests can drive it
+		ic.pacingClock = pacing.Clock{Now: cl.Now, AfterFunc: func(d time.Duration, f func()) func() bool { return cl.AfterFunc(d, f).Stop }}
 	}
 	ic.tracing.init(c.tp)
 	ic.buffers.New = newAttemptBuffer

@@ -3,6 +3,8 @@ package interceptor
 import (
 	"context"
 
+	"github.com/herdguard/herdguard/internal/pacing"
+
 	"github.com/herdguard/herdguard/telemetry"
 
 	"go.opentelemetry.io/otel"
@@ -16,7 +18,6 @@ import (
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/cow"
-	"github.com/herdguard/herdguard/overload"
 )
 
 // metering holds the instruments, made once in New from the meter provider
@@ -57,7 +58,7 @@ type callKey struct {
 	outcome Outcome
 }
 
-func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group, controllers func(func(string, *overload.Controller))) {
+func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group, controllers func(func(string, *pacing.Controller))) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
@@ -120,7 +121,7 @@ func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group, contro
 // initOverload registers the overload controllers' state: each target's
 // rate (0 while calm), its waiting line, and the attempts it delayed and
 // shed so far.
-func (m *metering) initOverload(meter metric.Meter, controllers func(func(string, *overload.Controller))) error {
+func (m *metering) initOverload(meter metric.Meter, controllers func(func(string, *pacing.Controller))) error {
 	rate, err := meter.Float64ObservableGauge(telemetry.MetricOverloadRate, metric.WithUnit("{attempt}/s"),
 		metric.WithDescription("The overload controller's pace per target while it paces attempts; 0 while the target is calm."))
 	if err != nil {
@@ -142,7 +143,7 @@ func (m *metering) initOverload(meter metric.Meter, controllers func(func(string
 		return err
 	}
 	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		controllers(func(target string, c *overload.Controller) {
+		controllers(func(target string, c *pacing.Controller) {
 			st := c.State()
 			attrs := metric.WithAttributes(telemetry.AttrTarget.String(target))
 			o.ObserveFloat64(rate, st.Rate, attrs)

@@ -5,19 +5,19 @@ import (
 	"errors"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/pacing"
+
 	"github.com/herdguard/herdguard/internal/names"
 	"github.com/herdguard/herdguard/telemetry"
 
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/herdguard/herdguard/overload"
 )
 
 // controllerFor returns the overload controller of a target, or nil when
 // overload control is off.
-func (ic *Interceptor) controllerFor(target string) *overload.Controller {
+func (ic *Interceptor) controllerFor(target string) *pacing.Controller {
 	// Most interceptors serve one target: the last one found is checked
 	// first, inlined, which is cheaper than the map's hashing.
 	if last := ic.lastController.Load(); last != nil && last.target == target {
@@ -27,12 +27,12 @@ func (ic *Interceptor) controllerFor(target string) *overload.Controller {
 }
 
 // findController is controllerFor past the last target found.
-func (ic *Interceptor) findController(target string) *overload.Controller {
+func (ic *Interceptor) findController(target string) *pacing.Controller {
 	if ic.overload == nil {
 		return nil
 	}
 	tc := ic.controllers.Get(target, func() *targetController {
-		c, _ := overload.New(*ic.overload) // validated in New
+		c, _ := pacing.New(*ic.overload, ic.pacingClock) // validated in New
 		return &targetController{target, c}
 	})
 	ic.lastController.Store(tc) // no allocation: an interceptor that alternates targets pays the map only
@@ -40,23 +40,23 @@ func (ic *Interceptor) findController(target string) *overload.Controller {
 }
 
 // eachController calls fn with every target's overload controller.
-func (ic *Interceptor) eachController(fn func(target string, c *overload.Controller)) {
+func (ic *Interceptor) eachController(fn func(target string, c *pacing.Controller)) {
 	ic.controllers.Range(func(target string, tc *targetController) { fn(target, tc.ctl) })
 }
 
 // targetController is a target's overload controller.
 type targetController struct {
 	target string
-	ctl    *overload.Controller
+	ctl    *pacing.Controller
 }
 
 // admit asks the target's controller (nil: none) to send attempt n; back
 // puts a retry at the back of its line (see inLine). An attempt held back
 // is traced as a span of its own, like a backoff wait, and the wait is
-// measured. It returns nil when the attempt may go, [overload.ErrShed] when
+// measured. It returns nil when the attempt may go, [pacing.ErrShed] when
 // it was shed, or the status error that matches the context's when ctx
 // ended while it waited.
-func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *overload.Controller, method string, n int, back bool) error {
+func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *pacing.Controller, method string, n int, back bool) error {
 	if ctl == nil || !ctl.Pacing() {
 		return nil
 	}
@@ -71,11 +71,11 @@ func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *over
 	if tracer != nil {
 		end := time.Now()
 		_, span := tracer.Start(ctx, telemetry.SpanHeld, trace.WithTimestamp(end.Add(-held)), trace.WithAttributes(
-			telemetry.AttrAttempt.Int(n), names.AttrHeldMS.Float64(float64(held)/float64(time.Millisecond)), telemetry.AttrShed.Bool(errors.Is(err, overload.ErrShed))))
+			telemetry.AttrAttempt.Int(n), names.AttrHeldMS.Float64(float64(held)/float64(time.Millisecond)), telemetry.AttrShed.Bool(errors.Is(err, pacing.ErrShed))))
 		span.End(trace.WithTimestamp(end))
 	}
-	ic.metering.held(ctx, method, held.Seconds(), errors.Is(err, overload.ErrShed))
-	if err != nil && !errors.Is(err, overload.ErrShed) {
+	ic.metering.held(ctx, method, held.Seconds(), errors.Is(err, pacing.ErrShed))
+	if err != nil && !errors.Is(err, pacing.ErrShed) {
 		return status.FromContextError(err).Err()
 	}
 	return err
@@ -88,12 +88,12 @@ func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *over
 // retry then waits behind every other attempt, so that under a lasting
 // overload fresh calls go first, and a retry goes as soon as the server
 // takes it, not a backoff later.
-func inLine(ctl *overload.Controller, d decision, err error) bool {
+func inLine(ctl *pacing.Controller, d decision, err error) bool {
 	if ctl == nil || !ctl.Pacing() || d.jitter == "pushback" {
 		return false
 	}
 	o := loadOutcome(err)
-	return o == overload.Overloaded || o == overload.Late
+	return o == pacing.Overloaded || o == pacing.Late
 }
 
 // shedError is the error of a call whose attempt n was shed: the previous
@@ -110,7 +110,7 @@ func shedError(n int, last, shed error) error {
 // while the controller was calm, and not timed) to a target with a
 // controller: an answer tells the controller how long it took, or that it
 // was sent before any pacing that is on now.
-func attemptDoneAfter(ctl *overload.Controller, err error, clk clock, sent time.Time) {
+func attemptDoneAfter(ctl *pacing.Controller, err error, clk clock, sent time.Time) {
 	switch {
 	case err != nil:
 		attemptDone(ctl, err)
@@ -126,12 +126,12 @@ func attemptDoneAfter(ctl *overload.Controller, err error, clk clock, sent time.
 // (both zero: sent while calm). One that ended because the call's deadline
 // passed while it was in flight (not its own PerAttemptTimeout) tells the
 // controller how long it waited in the line and how much time it had left
-// when it went out ([overload.Controller.TimedOut]).
+// when it went out ([pacing.Controller.TimedOut]).
 //
 // An answer to an attempt sent while calm, nearly every call's, goes to the
 // controller first, as attemptDoneAfter would send it: the calls below it
 // would cost that attempt about 60 instructions more.
-func attemptDoneIn(ctx context.Context, ctl *overload.Controller, end *attemptEnd, clk clock, asked, sent time.Time) {
+func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd, clk clock, asked, sent time.Time) {
 	if end.err == nil && sent.IsZero() {
 		ctl.AnsweredSentCalm()
 		return
@@ -149,8 +149,8 @@ func attemptDoneIn(ctx context.Context, ctl *overload.Controller, end *attemptEn
 // PerAttemptTimeout (perAttempt), nor an error that is not
 // DeadlineExceeded. It then tells the controller how long the attempt
 // waited in the line and how much time it had left when it went out
-// ([overload.Controller.TimedOut]); otherwise it tells nothing.
-func timedOutIn(ctx context.Context, ctl *overload.Controller, err error, perAttempt bool, asked, sent time.Time) bool {
+// ([pacing.Controller.TimedOut]); otherwise it tells nothing.
+func timedOutIn(ctx context.Context, ctl *pacing.Controller, err error, perAttempt bool, asked, sent time.Time) bool {
 	if sent.IsZero() || perAttempt || status.Code(err) != codes.DeadlineExceeded {
 		return false
 	}
@@ -163,7 +163,7 @@ func timedOutIn(ctx context.Context, ctl *overload.Controller, err error, perAtt
 }
 
 // attemptDone tells the controller (nil: none) how an attempt ended.
-func attemptDone(ctl *overload.Controller, err error) {
+func attemptDone(ctl *pacing.Controller, err error) {
 	switch {
 	case ctl == nil:
 	case err == nil:
@@ -178,21 +178,21 @@ func attemptDone(ctl *overload.Controller, err error) {
 // and ResourceExhausted are refusals for load (Overloaded), and
 // DeadlineExceeded (the server did not answer in time) is Late, unless the
 // client made them itself; a cancellation says nothing.
-func loadOutcome(err error) overload.Outcome {
+func loadOutcome(err error) pacing.Outcome {
 	if err == nil {
-		return overload.Answered
+		return pacing.Answered
 	}
 	switch c := status.Code(err); c {
 	case codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded:
 		switch {
 		case clientSide(err):
-			return overload.Ignored
+			return pacing.Ignored
 		case c == codes.DeadlineExceeded:
-			return overload.Late
+			return pacing.Late
 		}
-		return overload.Overloaded
+		return pacing.Overloaded
 	case codes.Canceled:
-		return overload.Ignored
+		return pacing.Ignored
 	}
-	return overload.Answered
+	return pacing.Answered
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/pacing"
+
 	"github.com/herdguard/herdguard/internal/names"
 	"github.com/herdguard/herdguard/internal/wire"
 	"github.com/herdguard/herdguard/telemetry"
@@ -29,16 +31,16 @@ import (
 func TestLoadOutcome(t *testing.T) {
 	for _, tc := range []struct {
 		err  error
-		want overload.Outcome
+		want pacing.Outcome
 	}{
-		{nil, overload.Answered},
-		{status.Error(codes.NotFound, "no"), overload.Answered},
-		{status.Error(codes.InvalidArgument, "bad"), overload.Answered},
-		{status.Error(codes.Unavailable, "down"), overload.Overloaded},
-		{status.Error(codes.ResourceExhausted, "busy"), overload.Overloaded},
-		{status.Error(codes.DeadlineExceeded, "slow"), overload.Late},
-		{status.Error(codes.ResourceExhausted, "trying to send message larger than max (9 vs. 1)"), overload.Ignored},
-		{status.Error(codes.Canceled, "caller"), overload.Ignored},
+		{nil, pacing.Answered},
+		{status.Error(codes.NotFound, "no"), pacing.Answered},
+		{status.Error(codes.InvalidArgument, "bad"), pacing.Answered},
+		{status.Error(codes.Unavailable, "down"), pacing.Overloaded},
+		{status.Error(codes.ResourceExhausted, "busy"), pacing.Overloaded},
+		{status.Error(codes.DeadlineExceeded, "slow"), pacing.Late},
+		{status.Error(codes.ResourceExhausted, "trying to send message larger than max (9 vs. 1)"), pacing.Ignored},
+		{status.Error(codes.Canceled, "caller"), pacing.Ignored},
 	} {
 		if got := loadOutcome(tc.err); got != tc.want {
 			t.Errorf("loadOutcome(%v) = %v, want %v", tc.err, got, tc.want)
@@ -271,7 +273,7 @@ func TestOverloadHoldsAStream(t *testing.T) {
 
 // No hedge is sent while the controller paces the target.
 func TestOverloadStopsHedges(t *testing.T) {
-	ctl, err := overload.New(overload.Settings{MinFailures: 1})
+	ctl, err := pacing.New(overload.Settings{MinFailures: 1}, pacing.Clock{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +285,7 @@ func TestOverloadStopsHedges(t *testing.T) {
 	if got := r.refusal(); got != "" {
 		t.Fatalf("calm: refusal %q", got)
 	}
-	ctl.Done(overload.Overloaded)
+	ctl.Done(pacing.Overloaded)
 	if got := r.refusal(); got != "overload" {
 		t.Errorf("pacing: refusal %q, want overload", got)
 	}
@@ -631,24 +633,24 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 		for _, kind := range []string{"unary", "stream"} {
 			t.Run(kind+"/"+tc.name, func(t *testing.T) {
 				clk := newFakeClock()
-				ctl, err := overload.New(overload.Settings{Now: clk.Now, AfterFunc: func(d time.Duration, f func()) func() bool {
+				ctl, err := pacing.New(overload.Settings{}, pacing.Clock{Now: clk.Now, AfterFunc: func(d time.Duration, f func()) func() bool {
 					return clk.AfterFunc(d, f).Stop
 				}})
 				if err != nil {
 					t.Fatal(err)
 				}
-				ctl.Done(overload.Answered) // a server that answered: overloaded, not down
+				ctl.Done(pacing.Answered) // a server that answered: overloaded, not down
 				clk.advance(overload.DefaultInterval)
 				for range overload.DefaultMinFailures {
-					ctl.Done(overload.Overloaded)
+					ctl.Done(pacing.Overloaded)
 				}
 				clk.advance(overload.DefaultInterval) // collapsed
 				if _, err := ctl.Acquire(context.Background()); err != nil {
 					t.Fatal(err)
 				}
-				ctl.Done(overload.Answered) // the probe's answer,
-				for range confirmBatch {    // and the batch's: a slow start
-					ctl.Done(overload.Answered)
+				ctl.Done(pacing.Answered) // the probe's answer,
+				for range confirmBatch {  // and the batch's: a slow start
+					ctl.Done(pacing.Answered)
 				}
 				before := ctl.State()
 				// The call's deadline passed: sent left before it, after

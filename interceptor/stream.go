@@ -6,6 +6,8 @@ import (
 	"io"
 	"sync"
 
+	"github.com/herdguard/herdguard/internal/pacing"
+
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -14,7 +16,6 @@ import (
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
-	"github.com/herdguard/herdguard/overload"
 )
 
 // Stream returns the stream client interceptor. Every stream kind is
@@ -55,7 +56,7 @@ type retryStream struct {
 	probe    bool
 	// ctl is the target's overload controller (nil: off); back puts the
 	// next attempt at the back of its line (see inLine).
-	ctl     *overload.Controller
+	ctl     *pacing.Controller
 	back    bool
 	skipped decision // the backoff wait a retry in line skipped
 	// breaker is the stream's breaker (nil without one).

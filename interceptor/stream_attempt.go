@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/pacing"
+
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -15,7 +17,6 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/herdguard/herdguard/internal/errs"
-	"github.com/herdguard/herdguard/overload"
 )
 
 // errAttemptTimeout is the cause with which a stream attempt's context is
@@ -277,7 +278,7 @@ func (a *streamAttempt) release() {
 // notSentLocked ends a stream whose attempt a the overload controller did
 // not let go; last is the previous attempt's error, if any.
 func (s *retryStream) notSentLocked(a *streamAttempt, last error) error {
-	if errors.Is(a.notSent, overload.ErrShed) {
+	if errors.Is(a.notSent, pacing.ErrShed) {
 		s.outcome = OutcomeShed
 		return shedError(a.n, last, a.notSent)
 	}

@@ -4,13 +4,14 @@ import (
 	"io"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/pacing"
+
 	"github.com/herdguard/herdguard/internal/names"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard"
-	"github.com/herdguard/herdguard/overload"
 )
 
 // contextDone ends the stream when the caller's context ends first. The
@@ -270,7 +271,7 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 	case a == s.a && s.idleAtDeadlineLocked(err):
 		// Nobody asked the server for an answer yet: it says nothing.
 		if s.ctl != nil {
-			s.ctl.Done(overload.Ignored)
+			s.ctl.Done(pacing.Ignored)
 		}
 	case timedOutIn(s.ctx, s.ctl, err, a.expired(), a.asked, a.sent):
 		// Unanswered when the caller's deadline passed: told as the

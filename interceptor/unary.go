@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/pacing"
+
 	"github.com/herdguard/herdguard/internal/names"
 
 	"go.opentelemetry.io/otel/trace"
@@ -16,7 +18,6 @@ import (
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
-	"github.com/herdguard/herdguard/overload"
 )
 
 // Unary returns the unary client interceptor.
@@ -104,7 +105,7 @@ type unaryCall struct {
 	invoker grpc.UnaryInvoker
 	buf     *attemptBuffer
 	lim     *limits
-	ctl     *overload.Controller // the target's overload controller; nil: off
+	ctl     *pacing.Controller // the target's overload controller; nil: off
 	unsafe  bool
 
 	attempts int
@@ -346,7 +347,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 // notSent ends a call whose attempt n the overload controller did not let
 // go (err from admit): shed, or the context ended while it waited.
 func (c *unaryCall) notSent(ctx context.Context, n int, last, err error) error {
-	if errors.Is(err, overload.ErrShed) {
+	if errors.Is(err, pacing.ErrShed) {
 		c.outcome = OutcomeShed
 		return shedError(n, last, err)
 	}

@@ -1,39 +1,22 @@
 package overload_test
 
 import (
-	"context"
 	"fmt"
+	"time"
 
+	"github.com/herdguard/herdguard/interceptor"
 	"github.com/herdguard/herdguard/overload"
 )
 
-// A controller per target: ask before each attempt, report how it ended.
-// While the server answers nothing waits; once refusals for load dominate
-// an interval, attempts are paced.
-func Example() {
-	ctl, err := overload.New(overload.Settings{}) // every default
-	if err != nil {
-		panic(err) // a bad setting is an error that names it
-	}
-	send := func(refused bool) {
-		if _, err := ctl.Acquire(context.Background()); err != nil {
-			return // shed, or the context ended: nothing was sent
-		}
-		if refused { // Unavailable, ResourceExhausted, an attempt timed out
-			ctl.Done(overload.Overloaded)
-		} else { // any answer, errors included
-			ctl.Answered()
-		}
-	}
-	for range 10 {
-		send(false)
-	}
-	fmt.Println("pacing after answers:", ctl.Pacing())
-	for range 30 { // 30 of 40: clearly more than half
-		send(true)
-	}
-	fmt.Println("pacing after a burst of refusals:", ctl.Pacing())
+// A server whose refusals come in larger numbers before they mean
+// overload: count over longer intervals and ask for more refusals. An
+// unusable value is an error that names the field.
+func ExampleSettings() {
+	s := overload.Settings{Interval: 250 * time.Millisecond, MinFailures: 50}
+	ic, err := interceptor.New(interceptor.WithOverloadControl(s))
+	fmt.Println(ic != nil, err)
+	fmt.Println(s.WithDefaults().FailureRatio, overload.Settings{FailureRatio: 2}.Validate())
 	// Output:
-	// pacing after answers: false
-	// pacing after a burst of refusals: true
+	// true <nil>
+	// 0.5 herdguard: overload: FailureRatio = 2: must be in [0, 1]
 }

@@ -17,7 +17,9 @@ const (
 	DefaultHeadroom     = 0.9
 )
 
-// Settings configure a [Controller]. The zero value means every default.
+// Settings configure the overload controller that the interceptor runs per
+// target (interceptor.WithOverloadControl). The zero value means every
+// default.
 type Settings struct {
 	// Interval is the period the controller counts outcomes over and
 	// adjusts its rate at. 0 means DefaultInterval (100ms).
@@ -45,11 +47,6 @@ type Settings struct {
 	// after a collapse, leaving room for the counts to be off. 0 means
 	// DefaultHeadroom (0.9).
 	Headroom float64
-
-	// Now and AfterFunc are the clock, for tests; nil means real time.
-	// AfterFunc runs f after d and returns a function that stops it.
-	Now       func() time.Time
-	AfterFunc func(d time.Duration, f func()) (stop func() bool)
 }
 
 // WithDefaults returns s with every zero field set to its default.
@@ -72,12 +69,6 @@ func (s Settings) WithDefaults() Settings {
 	if s.Headroom == 0 {
 		s.Headroom = DefaultHeadroom
 	}
-	if s.Now == nil {
-		s.Now = time.Now
-	}
-	if s.AfterFunc == nil {
-		s.AfterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
-	}
 	return s
 }
 
@@ -96,8 +87,6 @@ func (s Settings) Validate() error {
 		return errs.Errorf("overload: Calm = %d: must not be negative", s.Calm)
 	case math.IsNaN(s.Headroom) || s.Headroom < 0 || s.Headroom > 1:
 		return errs.Errorf("overload: Headroom = %v: must be in [0, 1]", s.Headroom)
-	case (s.Now == nil) != (s.AfterFunc == nil):
-		return errs.Errorf("overload: Now and AfterFunc must be set together")
 	}
 	return nil
 }

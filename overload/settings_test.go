@@ -17,14 +17,21 @@ func TestValidate(t *testing.T) {
 		{Settings{Hold: -time.Second}, "Hold = -1s"},
 		{Settings{Calm: -1}, "Calm = -1"},
 		{Settings{Headroom: 2}, "Headroom = 2"},
-		{Settings{Now: time.Now}, "Now and AfterFunc"},
 	} {
-		_, err := New(tc.s)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("New(%+v) = %v, want an error containing %q", tc.s, err, tc.want)
+		err := tc.s.Validate()
+		if err == nil || !strings.HasPrefix(err.Error(), "herdguard: overload: ") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(%+v) = %v, want an error naming %q", tc.s, err, tc.want)
 		}
 	}
-	if _, err := New(Settings{}); err != nil {
+	if err := (Settings{}).Validate(); err != nil {
 		t.Errorf("the zero Settings: %v", err)
+	}
+	d := Settings{}.WithDefaults()
+	if d.Interval != DefaultInterval || d.MinFailures != DefaultMinFailures || d.FailureRatio != DefaultFailureRatio ||
+		d.Hold != DefaultHold || d.Calm != DefaultCalm || d.Headroom != DefaultHeadroom {
+		t.Errorf("Settings{}.WithDefaults() = %+v, want every default", d)
+	}
+	if got := (Settings{Interval: time.Second}).WithDefaults().Interval; got != time.Second {
+		t.Errorf("WithDefaults changed a field set: Interval %v", got)
 	}
 }

@@ -1,4 +1,4 @@
-package overload
+package pacing
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/herdguard/herdguard/overload"
 
 	"github.com/herdguard/herdguard/internal/testutil"
 )
@@ -15,11 +17,11 @@ import (
 // lower rate would give.
 func TestNoSheddingBelowTheSustainedRate(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin)
 	setCounts(c, 60, 60)
 	report(c, Overloaded, 60)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	// Restarted at 54.9 with 60 arriving: below the sustained 60, a waiter
 	// 20 places back would wait past its 100ms at any spare the line has.
 	answerProbe(t, c, confirmMin)
@@ -103,11 +105,11 @@ func TestShedding(t *testing.T) {
 
 // A retry waits behind every waiter, even those that come after it.
 func TestRetryWaitsAtTheBack(t *testing.T) {
-	c, clk := newController(t, Settings{})
+	c, clk := newController(t, overload.Settings{})
 	report(c, Answered, 1) // a server that answered once: not down
 	report(c, Overloaded, 20)
 	// Collapsed, and later in the episode: one probe per interval.
-	clk.Advance(firstProbeIntervals * DefaultInterval)
+	clk.Advance(firstProbeIntervals * overload.DefaultInterval)
 	// The probe.
 	if _, err := c.Acquire(context.Background()); err != nil {
 		t.Fatal(err)
@@ -125,7 +127,7 @@ func TestRetryWaitsAtTheBack(t *testing.T) {
 	acquireAsync(ctx, c, 2, out)
 	waitLine(t, c, 3)
 	for _, want := range []int{2, 1, 0} {
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 		if g := <-out; g.id != want || g.err != nil {
 			t.Fatalf("served %+v, want %d", g, want)
 		}
@@ -138,12 +140,12 @@ func TestRetryWaitsAtTheBack(t *testing.T) {
 // teach nothing.
 func TestLateAttemptsAreShed(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin) // restarts at 60 an interval
 	for _, d := range []time.Duration{90 * time.Millisecond, 80 * time.Millisecond, 100 * time.Millisecond} {
 		c.AnsweredAfter(d)
 	}
-	clk.Advance(DefaultInterval) // the last interval's answers took at least 80ms
+	clk.Advance(overload.DefaultInterval) // the last interval's answers took at least 80ms
 	setBucket(c, 60, 10, 0)
 
 	short, cancelShort := deadlineIn(clk, 79*time.Millisecond)
@@ -169,7 +171,7 @@ func TestLateAttemptsAreShed(t *testing.T) {
 	defer cancelTight()
 	acquireAsync(tight, c, 1, out)
 	waitLine(t, c, 2)
-	clk.Advance(DefaultInterval / 5)
+	clk.Advance(overload.DefaultInterval / 5)
 	got := map[int]error{}
 	for range 2 {
 		g := <-out
@@ -184,13 +186,13 @@ func TestLateAttemptsAreShed(t *testing.T) {
 
 	// An interval without answers keeps the time; one whose answers are
 	// not timed forgets it.
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	setBucket(c, 60, 10, 0)
 	if _, err := c.Acquire(short); !errors.Is(err, ErrShed) {
 		t.Fatalf("no answer in the last interval: Acquire = %v, want ErrShed", err)
 	}
 	c.Done(Answered)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	setBucket(c, 60, 10, 0)
 	if _, err := c.Acquire(short); err != nil {
 		t.Fatalf("no answer timed in the last interval: Acquire = %v, want nil", err)
@@ -263,12 +265,12 @@ func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 // that came sooner is the least time.
 func TestAnswerSentCalmTookAtLeastTheEpisode(t *testing.T) {
 	c, clk := calmThenFail(t, 60) // pacing began now
-	clk.Advance(DefaultInterval + DefaultInterval/2)
+	clk.Advance(overload.DefaultInterval + overload.DefaultInterval/2)
 	c.AnsweredSentCalm() // ends the collapse and, past the episode's first interval, restarts the rate unconfirmed
 	if got := rateOf(c); got != 60 {
 		t.Fatalf("rate after an answer sent calm = %v per interval, want the sustained 60 at once", got)
 	}
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	setBucket(c, 60, 10, 0)
 	short, cancelShort := deadlineIn(clk, 140*time.Millisecond)
 	defer cancelShort()
@@ -285,9 +287,9 @@ func TestAnswerSentCalmTookAtLeastTheEpisode(t *testing.T) {
 		{"not timed", func() { c.Answered() }},
 		{"timed sooner", func() { c.AnsweredSentCalm(); c.AnsweredAfter(20 * time.Millisecond) }},
 	} {
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 		tc.answer()
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 		setBucket(c, 60, 10, 0)
 		short, cancelShort := deadlineIn(clk, 140*time.Millisecond)
 		defer cancelShort()
@@ -311,7 +313,7 @@ func wantOldestFirst(t *testing.T, c *Controller, clk *testutil.Clock) {
 		waitLine(t, c, id+1)
 	}
 	for want := range 3 {
-		clk.Advance(DefaultInterval / 5)
+		clk.Advance(overload.DefaultInterval / 5)
 		if g := <-out; g.id != want || g.err != nil {
 			t.Fatalf("token %d went to %+v, want waiter %d", want, g, want)
 		}
@@ -323,10 +325,10 @@ func wantOldestFirst(t *testing.T, c *Controller, clk *testutil.Clock) {
 func answersTook(t *testing.T, d time.Duration) (*Controller, *testutil.Clock) {
 	t.Helper()
 	c, clk := calmThenFail(t, 60)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin)
 	c.AnsweredAfter(d)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	return c, clk
 }
 
@@ -337,7 +339,7 @@ func answersTook(t *testing.T, d time.Duration) (*Controller, *testutil.Clock) {
 // at the old end, go last.
 func TestLineDrainsOldestFirst(t *testing.T) {
 	c, clk := calmThenFail(t, 10)
-	clk.Advance(DefaultInterval) // collapsed
+	clk.Advance(overload.DefaultInterval) // collapsed
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if d, err := c.Acquire(ctx); d != 0 || err != nil { // the probe
@@ -355,7 +357,7 @@ func TestLineDrainsOldestFirst(t *testing.T) {
 	}
 	next := func() int {
 		t.Helper()
-		clk.Advance(DefaultInterval / 10) // a token
+		clk.Advance(overload.DefaultInterval / 10) // a token
 		g := <-out
 		if g.err != nil {
 			t.Fatalf("waiter %d: %v", g.id, g.err)
@@ -380,7 +382,7 @@ func TestLineDrainsOldestFirst(t *testing.T) {
 // served newest first.
 func TestLineBelowTheSustainedRateIsNewestFirst(t *testing.T) {
 	c, clk := calmThenFail(t, 10)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if _, err := c.Acquire(ctx); err != nil {
@@ -397,7 +399,7 @@ func TestLineBelowTheSustainedRateIsNewestFirst(t *testing.T) {
 	if got := rateOf(c); got != 5 {
 		t.Fatalf("restart at %v, want 5", got)
 	}
-	clk.Advance(DefaultInterval / 5) // a token
+	clk.Advance(overload.DefaultInterval / 5) // a token
 	if g := <-out; g.id != 2 || g.err != nil {
 		t.Fatalf("first served %+v, want the newest, 2", g)
 	}
@@ -436,7 +438,7 @@ func TestNoSheddingInARefusedInterval(t *testing.T) {
 	}
 	// The token goes to the newest; the oldest, whose 50ms the line could
 	// not meet, stays while the interval shows a refusal.
-	clk.Advance(DefaultInterval / 5) // a token (at most one is kept)
+	clk.Advance(overload.DefaultInterval / 5) // a token (at most one is kept)
 	if g := <-out; g.id != 2 || g.err != nil {
 		t.Fatalf("first result %+v, want 2 served", g)
 	}

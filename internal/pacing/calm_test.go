@@ -1,4 +1,4 @@
-package overload
+package pacing
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/herdguard/herdguard/overload"
 
 	"github.com/herdguard/herdguard/internal/testutil"
 )
@@ -27,7 +29,7 @@ func TestDetection(t *testing.T) {
 		{"a herd over capacity 20", 20, 980, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, _ := newController(t, Settings{})
+			c, _ := newController(t, overload.Settings{})
 			report(c, Answered, tc.answered)
 			report(c, Overloaded, tc.failed)
 			if got := c.State().Pacing; got != tc.pacing {
@@ -73,22 +75,22 @@ func TestRefusalsAheadOfAnswers(t *testing.T) {
 		{"a wave sent in the last interval, refused in this one", func(c *Controller, clk *testutil.Clock) {
 			report(c, Answered, 50) // a calm stretch before
 			sent(c, 150)            // its 50 and a wave of 100
-			clk.Advance(DefaultInterval)
+			clk.Advance(overload.DefaultInterval)
 			report(c, Overloaded, 30)
 			report(c, Answered, 70)
 		}, false},
 		{"attempts cancelled in the last interval are not in flight", func(c *Controller, clk *testutil.Clock) {
 			sent(c, 100)
 			report(c, Ignored, 100)
-			clk.Advance(DefaultInterval)
+			clk.Advance(overload.DefaultInterval)
 			sent(c, 20)
 			report(c, Overloaded, 20)
 		}, true},
 		{"attempts in flight count for one interval only", func(c *Controller, clk *testutil.Clock) {
 			sent(c, 100) // long-lived streams, say
-			clk.Advance(DefaultInterval)
+			clk.Advance(overload.DefaultInterval)
 			report(c, Overloaded, 1) // closes the interval: 100 in flight
-			clk.Advance(DefaultInterval)
+			clk.Advance(overload.DefaultInterval)
 			sent(c, 25)
 			report(c, Overloaded, 25)
 		}, true},
@@ -98,7 +100,7 @@ func TestRefusalsAheadOfAnswers(t *testing.T) {
 		}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, clk := newController(t, Settings{})
+			c, clk := newController(t, overload.Settings{})
 			tc.run(c, clk)
 			if got := c.State().Pacing; got != tc.pacing {
 				t.Errorf("pacing = %v, want %v", got, tc.pacing)
@@ -124,7 +126,7 @@ func TestIndependentFailuresStartNoPacing(t *testing.T) {
 	t.Run("waves of 100 to fresh clients", func(t *testing.T) {
 		paced := 0
 		for range 3000 {
-			c, _ := newController(t, Settings{})
+			c, _ := newController(t, overload.Settings{})
 			answer(c, 100, 0.3)
 			if c.Pacing() {
 				paced++
@@ -136,10 +138,10 @@ func TestIndependentFailuresStartNoPacing(t *testing.T) {
 	})
 	t.Run("steady load", func(t *testing.T) {
 		for _, share := range []float64{0.2, 0.3} {
-			c, clk := newController(t, Settings{})
+			c, clk := newController(t, overload.Settings{})
 			for i := range 3000 {
 				answer(c, 60, share)
-				clk.Advance(DefaultInterval)
+				clk.Advance(overload.DefaultInterval)
 				if c.Pacing() {
 					t.Fatalf("%.0f %% independent failures: pacing after %d intervals of 60 answers", 100*share, i+1)
 				}
@@ -151,11 +153,11 @@ func TestIndependentFailuresStartNoPacing(t *testing.T) {
 // The failures must fall in one interval: the same failures spread over
 // many calm intervals are not an overload.
 func TestDetectionPerInterval(t *testing.T) {
-	c, clk := newController(t, Settings{})
+	c, clk := newController(t, overload.Settings{})
 	for range 10 {
 		report(c, Answered, 10)
 		report(c, Overloaded, 5)
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 	}
 	if c.State().Pacing {
 		t.Fatal("pacing after 5 failures in each of 10 intervals")
@@ -163,7 +165,7 @@ func TestDetectionPerInterval(t *testing.T) {
 }
 
 func TestCalmPathAllocatesNothing(t *testing.T) {
-	c, _ := newController(t, Settings{})
+	c, _ := newController(t, overload.Settings{})
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(1000, func() {
 		if _, err := c.Acquire(ctx); err != nil {
@@ -185,8 +187,8 @@ func TestCalmPausesAreNotThroughput(t *testing.T) {
 	type step = func(*Controller, *testutil.Clock) (answers int)
 	steady := func(intervals int, perInterval float64) step {
 		return func(c *Controller, clk *testutil.Clock) (n int) {
-			every := time.Duration(float64(DefaultInterval) / perInterval)
-			for end := clk.Now().Add(time.Duration(intervals) * DefaultInterval); clk.Now().Before(end); clk.Advance(every) {
+			every := time.Duration(float64(overload.DefaultInterval) / perInterval)
+			for end := clk.Now().Add(time.Duration(intervals) * overload.DefaultInterval); clk.Now().Before(end); clk.Advance(every) {
 				c.Done(Answered)
 				n++
 			}
@@ -208,7 +210,7 @@ func TestCalmPausesAreNotThroughput(t *testing.T) {
 		{"steady", []step{steady(30, 60)}, false, 60},
 		{"steady and low", []step{steady(50, 5)}, false, 5},
 		{"steady and lower", []step{steady(100, 3)}, false, 3},
-		{"a short pause is noise", []step{steady(15, 60), idle(5 * DefaultInterval), steady(15, 60)}, false, 1800.0 / 35},
+		{"a short pause is noise", []step{steady(15, 60), idle(5 * overload.DefaultInterval), steady(15, 60)}, false, 1800.0 / 35},
 		{"busy, then idle", []step{steady(30, 60), idle(3 * time.Second)}, false, 60},
 		{"low, then idle", []step{steady(50, 5), idle(3 * time.Second)}, false, 5},
 		{"idle, then busy", []step{idle(10 * time.Minute), steady(30, 60)}, false, 60},
@@ -219,7 +221,7 @@ func TestCalmPausesAreNotThroughput(t *testing.T) {
 		{"an idle stretch keeps what was known", []step{steady(30, 60), idle(3 * time.Second)}, true, 60},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, clk := newController(t, Settings{})
+			c, clk := newController(t, overload.Settings{})
 			answers := 0 // since the controller last closed an interval: calm answers close none
 			for _, do := range tc.calm {
 				answers += do(c, clk)
@@ -232,7 +234,7 @@ func TestCalmPausesAreNotThroughput(t *testing.T) {
 			if !c.Pacing() {
 				t.Fatal("not pacing")
 			}
-			clk.Advance(DefaultInterval) // collapsed
+			clk.Advance(overload.DefaultInterval) // collapsed
 			answerProbe(t, c, confirmMin)
 			if got := rateOf(c); math.Abs(got-tc.want) > 0.02*tc.want {
 				t.Errorf("restart = %v per interval, want %v", got, tc.want)
@@ -255,12 +257,12 @@ func TestTimedOutAtTheEdgeSaysNothing(t *testing.T) {
 		{"waited longer than it had left", 1900 * time.Millisecond, 100 * time.Millisecond, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, _ := newController(t, Settings{})
-			for range DefaultMinFailures {
+			c, _ := newController(t, overload.Settings{})
+			for range overload.DefaultMinFailures {
 				c.TimedOut(tc.held, tc.left)
 			}
 			if got := c.State().Pacing; got != tc.pacing {
-				t.Errorf("pacing after %d time-outs = %v, want %v", DefaultMinFailures, got, tc.pacing)
+				t.Errorf("pacing after %d time-outs = %v, want %v", overload.DefaultMinFailures, got, tc.pacing)
 			}
 		})
 	}

@@ -1,10 +1,12 @@
-package overload
+package pacing
 
 import (
 	"context"
 	"math"
 	"testing"
 	"time"
+
+	"github.com/herdguard/herdguard/overload"
 )
 
 // A herd over a server that takes 20 per interval and then stays down:
@@ -12,7 +14,7 @@ import (
 // episode and then one per interval; once one is answered and the
 // confirmation's batch too, 90 % of the measured capacity.
 func TestHerdSequence(t *testing.T) {
-	c, clk := newController(t, Settings{})
+	c, clk := newController(t, overload.Settings{})
 	report(c, Answered, 20)
 	report(c, Overloaded, 980)
 	if !c.State().Pacing {
@@ -34,13 +36,13 @@ func TestHerdSequence(t *testing.T) {
 	}
 	// Early in the episode: a probe every 25ms, newest first.
 	for _, want := range []int{1, 0} {
-		clk.Advance(DefaultInterval / 4)
+		clk.Advance(overload.DefaultInterval / 4)
 		if g := <-out; g.id != want || g.err != nil {
 			t.Fatalf("early probe went to %d (%v), want %d", g.id, g.err, want)
 		}
 		c.Done(Overloaded) // the server is still down
 	}
-	clk.Advance(firstProbeIntervals * DefaultInterval)
+	clk.Advance(firstProbeIntervals * overload.DefaultInterval)
 	if got := rateOf(c); got != 1 {
 		t.Fatalf("rate later in the episode = %v per interval, want 1 (a probe)", got)
 	}
@@ -49,12 +51,12 @@ func TestHerdSequence(t *testing.T) {
 		acquireAsync(ctx, c, id, out)
 		waitLine(t, c, id-1)
 	}
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	if g := <-out; g.id != 4 || g.err != nil {
 		t.Fatalf("next probe went to %d (%v), want the newest, 4", g.id, g.err)
 	}
 	c.Done(Overloaded)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	if g := <-out; g.id != 3 {
 		t.Fatalf("next probe went to %d, want 3", g.id)
 	}
@@ -63,7 +65,7 @@ func TestHerdSequence(t *testing.T) {
 	if got := rateOf(c); got != 18 {
 		t.Fatalf("rate after recovery = %v per interval, want 18", got)
 	}
-	clk.Advance(DefaultInterval / 10)
+	clk.Advance(overload.DefaultInterval / 10)
 	if g := <-out; g.id != 2 || g.err != nil {
 		t.Fatalf("last waiter: %+v", g)
 	}
@@ -82,7 +84,7 @@ func TestHerdSequence(t *testing.T) {
 // while attempts wait.
 func TestRestartsAndGrowth(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
-	clk.Advance(DefaultInterval) // collapsed
+	clk.Advance(overload.DefaultInterval) // collapsed
 	if got := rateOf(c); got != firstProbes {
 		t.Fatalf("collapsed rate = %v, want %v early in the episode", got, firstProbes)
 	}
@@ -94,7 +96,7 @@ func TestRestartsAndGrowth(t *testing.T) {
 	setCounts(c, 60, 60)
 	report(c, Answered, 29) // and the answer that restarted it
 	report(c, Overloaded, 30)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	if got := rateOf(c); got != 1 {
 		t.Fatalf("rate after a refused interval = %v, want 1", got)
 	}
@@ -104,7 +106,7 @@ func TestRestartsAndGrowth(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Done(Overloaded)
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 	}
 	answerProbe(t, c, confirmMax) // the collapse answered 30
 	if got := rateOf(c); got != 54 {
@@ -120,7 +122,7 @@ func TestRestartsAndGrowth(t *testing.T) {
 		setCounts(c, 70, 0)
 		markWaited(c)
 		c.Done(Answered)
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 		if got := rateOf(c); math.Abs(got-want) > 1e-9 {
 			t.Fatalf("interval %d: rate = %v, want %v", i, got, want)
 		}
@@ -134,7 +136,7 @@ func TestRestartsAndGrowth(t *testing.T) {
 // doubles the hold before the next growth.
 func TestSetbacksLowerWhatIsKnown(t *testing.T) {
 	c, clk := calmThenFail(t, 68)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin) // restart at 68
 	// Demand of 80 an interval: after the hold the rate grows to 85, and
 	// the server answers all of it.
@@ -146,38 +148,38 @@ func TestSetbacksLowerWhatIsKnown(t *testing.T) {
 			answers-- // the probe's answer was the first interval's 68th
 		}
 		report(c, Answered, answers)
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 	}
 	if got := rateOf(c); got != 85 {
 		t.Fatalf("rate = %v, want grown to 85", got)
 	}
 	setCounts(c, 80, 85)
 	report(c, Answered, 85)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	// 85 sent, and the server refuses nearly all.
 	setCounts(c, 80, 85)
 	report(c, Answered, 9)
 	report(c, Overloaded, 76)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMax) // the collapse answered 9 of 85
 	if got := rateOf(c); got != 76.5 {
 		t.Fatalf("restart after the refused 85 at %v, want 76.5", got)
 	}
 	first := holdLeft(c, clk.Now())
-	if first != DefaultHold {
-		t.Fatalf("hold after one setback = %v, want %v", first, DefaultHold)
+	if first != overload.DefaultHold {
+		t.Fatalf("hold after one setback = %v, want %v", first, overload.DefaultHold)
 	}
 	// Refused again at 76.5: the next restart holds twice as long.
 	setCounts(c, 80, 77)
 	report(c, Overloaded, 40)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMax) // the collapse answered none of 77 sent
 	second := holdLeft(c, clk.Now())
 	if got := rateOf(c); got != 0.9*77 {
 		t.Fatalf("restart after the refused 77 at %v, want %v", got, 0.9*77)
 	}
-	if second != 2*DefaultHold {
-		t.Fatalf("hold after two setbacks = %v, want %v", second, 2*DefaultHold)
+	if second != 2*overload.DefaultHold {
+		t.Fatalf("hold after two setbacks = %v, want %v", second, 2*overload.DefaultHold)
 	}
 }
 
@@ -192,10 +194,10 @@ func TestSetbacksLowerWhatIsKnown(t *testing.T) {
 // the rate are not learnt, and with attempts waiting the pacing never
 // ended.
 func TestMeasuredCapacityBounds(t *testing.T) {
-	c, clk := newController(t, Settings{})
+	c, clk := newController(t, overload.Settings{})
 	report(c, Answered, 20)
 	report(c, Overloaded, 980)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMax) // the herd answered 20
 	restart := clk.Now()
 	if got := rateOf(c); got != 18 {
@@ -213,7 +215,7 @@ func TestMeasuredCapacityBounds(t *testing.T) {
 			}
 			report(c, Answered, 18)
 			setCounts(c, 18, 18)
-			clk.Advance(DefaultInterval)
+			clk.Advance(overload.DefaultInterval)
 			if got := rateOf(c); got != want {
 				if got < want || got > top+1e-9 {
 					t.Fatalf("interval %d: rate = %v, want %v or a try up to %.2f", i, got, want, top)
@@ -224,8 +226,8 @@ func TestMeasuredCapacityBounds(t *testing.T) {
 		t.Fatalf("rate held at %v for 2 s of attempts waiting", want)
 		return time.Time{}
 	}
-	if tried := holds(18, false); tried.Sub(restart) < DefaultHold {
-		t.Fatalf("capacity tried %v after the restart, want a Hold (%v) at least", tried.Sub(restart), DefaultHold)
+	if tried := holds(18, false); tried.Sub(restart) < overload.DefaultHold {
+		t.Fatalf("capacity tried %v after the restart, want a Hold (%v) at least", tried.Sub(restart), overload.DefaultHold)
 	}
 	if got := rateOf(c); math.Abs(got-top) > 1e-9 {
 		t.Fatalf("tried at %v, want a quarter above the 18 that come (%.2f)", got, top)
@@ -234,7 +236,7 @@ func TestMeasuredCapacityBounds(t *testing.T) {
 		markWaited(c)
 		report(c, Answered, 21)
 		setCounts(c, 18, 18)
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 		if got := rateOf(c); math.Abs(got-top) > 1e-9 {
 			t.Fatalf("interval %d (21 answers for 18 sent): rate = %v, want it held at %.2f", i, got, top)
 		}
@@ -243,22 +245,22 @@ func TestMeasuredCapacityBounds(t *testing.T) {
 	report(c, Answered, 18)
 	report(c, Overloaded, 3)
 	setCounts(c, 21, 21)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	refusal := clk.Now()
 	if got := rateOf(c); math.Abs(got-16.2) > 1e-9 {
 		t.Fatalf("after 3 refused beside 18 taken: rate = %v, want 16.2", got)
 	}
-	if tried := holds(16.2, true); tried.Sub(refusal) < DefaultHold {
-		t.Fatalf("capacity tried again %v after the refusal, want a Hold (%v) at least", tried.Sub(refusal), DefaultHold)
+	if tried := holds(16.2, true); tried.Sub(refusal) < overload.DefaultHold {
+		t.Fatalf("capacity tried again %v after the refusal, want a Hold (%v) at least", tried.Sub(refusal), overload.DefaultHold)
 	}
 }
 
 // With nothing known (no throughput before, no capacity measured) a
 // restart is a slow start.
 func TestRestartWithNothingKnown(t *testing.T) {
-	c, clk := newController(t, Settings{})
+	c, clk := newController(t, overload.Settings{})
 	report(c, Overloaded, 20)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin)
 	if got := rateOf(c); got != 2 {
 		t.Fatalf("restart = %v per interval, want a slow start at 2", got)
@@ -267,14 +269,14 @@ func TestRestartWithNothingKnown(t *testing.T) {
 
 func TestPacingEnds(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin)
-	for i := range DefaultCalm {
+	for i := range overload.DefaultCalm {
 		if !c.State().Pacing {
-			t.Fatalf("pacing ended after %d calm intervals, want %d", i, DefaultCalm)
+			t.Fatalf("pacing ended after %d calm intervals, want %d", i, overload.DefaultCalm)
 		}
 		report(c, Answered, 10)
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 	}
 	if c.State().Pacing {
 		t.Fatal("still pacing after the calm intervals")
@@ -288,12 +290,12 @@ func TestPacingEnds(t *testing.T) {
 // the server sustains: the rate keeps growing, and nobody is shed on a
 // guess of the wait.
 func TestSlowStartLearnsNothing(t *testing.T) {
-	c, clk := newController(t, Settings{})
+	c, clk := newController(t, overload.Settings{})
 	report(c, Overloaded, 20)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin) // restart: a slow start at 2, then one more per answer
 	report(c, Answered, 9)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	known, free := knownOf(c)
 	if known != 0 || !math.IsInf(free, 1) {
 		t.Errorf("after a slow start's interval: known %v, free %v; want 0 and +Inf", known, free)
@@ -307,12 +309,12 @@ func TestSlowStartLearnsNothing(t *testing.T) {
 // server took, and stop its growth; none of it is probing.
 func TestFewRefusalsBringTheRateDown(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin) // restart at 60
 	markWaited(c)
 	report(c, Answered, 49) // and the probe's answer: 50
 	report(c, Overloaded, 10)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	if got := rateOf(c); got != 45 {
 		t.Fatalf("rate = %v, want 90 %% of the 50 taken", got)
 	}
@@ -329,7 +331,7 @@ func TestFewRefusalsBringTheRateDown(t *testing.T) {
 // under a capacity would otherwise creep past it, one answer an interval.
 func TestLearningStopsAtTheRate(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin) // restart at 60
 	// 60 arrive and wait: after the hold the rate grows to where it and
 	// the bucket's burst are a quarter above them.
@@ -338,7 +340,7 @@ func TestLearningStopsAtTheRate(t *testing.T) {
 		setCounts(c, 60, 0)
 		markWaited(c)
 		c.Done(Answered)
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 	}
 	if got := rateOf(c); math.Abs(got-top) > 1e-9 {
 		t.Fatalf("rate = %v, want grown to %v", got, top)
@@ -347,7 +349,7 @@ func TestLearningStopsAtTheRate(t *testing.T) {
 		setCounts(c, 60, 75) // 75 let through at 68.2, the burst included
 		markWaited(c)
 		report(c, Answered, 75)
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 		rate := rateOf(c) // closes the interval
 		known, _ := knownOf(c)
 		if known > top+1e-9 || rate > top+1e-9 {
@@ -362,7 +364,7 @@ func TestLearningStopsAtTheRate(t *testing.T) {
 // count would take it, with the bucket's burst, well past the arrivals.
 func TestGrowthFollowsTheMeanOfTheArrivals(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin) // restart at 60
 	top := 1.25 * 60 / 1.1
 	// 57, 63, 60, 58, 62, 64, 56, ...: a mean of 60, highs of 64.
@@ -372,7 +374,7 @@ func TestGrowthFollowsTheMeanOfTheArrivals(t *testing.T) {
 		setCounts(c, in, int(top))
 		markWaited(c)
 		report(c, Answered, int(top))
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 		// The means of this sequence over its holds are 60 and 60.5.
 		if got := rateOf(c); got > top+1.2 {
 			t.Fatalf("interval %d (%d came): rate = %.2f, want no more than %.2f: a quarter above the 60 that come on average (%.2f), with its burst, and a hold's noise", i, in, got, top+1.2, top)

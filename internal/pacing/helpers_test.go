@@ -1,4 +1,4 @@
-package overload
+package pacing
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/herdguard/herdguard/overload"
 
 	"go.uber.org/goleak"
 
@@ -18,12 +20,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // every timer that falls due, in order, synchronously. The clock starts an
 // hour ahead of real time, so that a context whose deadline is near on it
 // does not expire in real time.
-func newController(t *testing.T, s Settings) (*Controller, *testutil.Clock) {
+func newController(t *testing.T, s overload.Settings) (*Controller, *testutil.Clock) {
 	t.Helper()
 	clk := testutil.NewClock(time.Now().Add(time.Hour))
-	s.Now = clk.Now
-	s.AfterFunc = func(d time.Duration, f func()) func() bool { return clk.AfterFunc(d, f).Stop }
-	c, err := New(s)
+	c, err := New(s, Clock{Now: clk.Now, AfterFunc: func(d time.Duration, f func()) func() bool { return clk.AfterFunc(d, f).Stop }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func waitLineOrShed(t *testing.T, c *Controller, n int) {
 // rateOf is the controller's rate in attempts per interval (of the
 // default Interval, which every test uses).
 func rateOf(c *Controller) float64 {
-	return c.State().Rate * float64(DefaultInterval) / float64(time.Second)
+	return c.State().Rate * float64(overload.DefaultInterval) / float64(time.Second)
 }
 
 // driven is what drive saw: when the pacing ended (-1: it did not), the
@@ -181,8 +181,8 @@ func confirmLoad(t *testing.T, c *Controller, k int) {
 // is collapsed, it showed no capacity, and the next interval begins.
 func startCollapsed(t *testing.T, c *Controller, clk *testutil.Clock) {
 	t.Helper()
-	report(c, Overloaded, DefaultMinFailures)
-	clk.Advance(DefaultInterval)
+	report(c, Overloaded, overload.DefaultMinFailures)
+	clk.Advance(overload.DefaultInterval)
 	if !c.Pacing() || rateOf(c) != firstProbes {
 		t.Fatalf("after a burst of refusals: pacing %v at %v per interval, want collapsed: probed at %v", c.Pacing(), rateOf(c), firstProbes)
 	}
@@ -192,10 +192,10 @@ func startCollapsed(t *testing.T, c *Controller, clk *testutil.Clock) {
 // failures in the next to start pacing.
 func calmThenFail(t *testing.T, perInterval int) (*Controller, *testutil.Clock) {
 	t.Helper()
-	c, clk := newController(t, Settings{})
+	c, clk := newController(t, overload.Settings{})
 	for range 30 {
 		report(c, Answered, perInterval)
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 	}
 	report(c, Overloaded, 20)
 	if !c.State().Pacing {
@@ -209,10 +209,10 @@ func calmThenFail(t *testing.T, perInterval int) (*Controller, *testutil.Clock) 
 // 10 of, collapsing.
 func herdCollapsed(t *testing.T) (*Controller, *testutil.Clock) {
 	t.Helper()
-	c, clk := newController(t, Settings{})
+	c, clk := newController(t, overload.Settings{})
 	report(c, Answered, 10)
 	report(c, Overloaded, 30)
-	clk.Advance(DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	if st := c.State(); !st.Pacing || rateOf(c) != firstProbes {
 		t.Fatalf("pacing %v at %v per interval after the herd, want collapsed: probed at %v", st.Pacing, rateOf(c), firstProbes)
 	}

@@ -1,9 +1,11 @@
-package overload
+package pacing
 
 import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/herdguard/herdguard/overload"
 )
 
 // The confirmation's batch counts against the restarted rate for at most
@@ -11,9 +13,9 @@ import (
 // tokens, and serves its line within two intervals (counted whole, the 4
 // would hold it for two and a half).
 func TestBatchCountsAgainstOneIntervalAtMost(t *testing.T) {
-	c, clk := newController(t, Settings{})
+	c, clk := newController(t, overload.Settings{})
 	report(c, Overloaded, 20)
-	clk.Advance(DefaultInterval) // collapsed, later than the first probe
+	clk.Advance(overload.DefaultInterval) // collapsed, later than the first probe
 	if _, err := c.Acquire(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +32,7 @@ func TestBatchCountsAgainstOneIntervalAtMost(t *testing.T) {
 	if got := rateOf(c); got != 2 {
 		t.Fatalf("restart = %v per interval, want a slow start at 2", got)
 	}
-	clk.Advance(2 * DefaultInterval)
+	clk.Advance(2 * overload.DefaultInterval)
 	if c.State().Waiting != 0 {
 		t.Fatal("the waiter was not served within two intervals of the restart")
 	}
@@ -56,10 +58,10 @@ func TestConfirmationSkipsOutcomesThatSayNothing(t *testing.T) {
 		{"the whole batch ignored", func(c *Controller) { c.Done(Ignored) }, confirmMin},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, clk := newController(t, Settings{})
+			c, clk := newController(t, overload.Settings{})
 			report(c, Overloaded, 20)
-			clk.Advance(firstProbeIntervals * DefaultInterval) // collapsed, one probe per interval
-			atOnce := func() bool {                            // an attempt goes at once, or not at all
+			clk.Advance(firstProbeIntervals * overload.DefaultInterval) // collapsed, one probe per interval
+			atOnce := func() bool {                                     // an attempt goes at once, or not at all
 				ctx, cancel := context.WithCancel(context.Background())
 				cancel()
 				_, err := c.Acquire(ctx)
@@ -89,7 +91,7 @@ func TestConfirmationSkipsOutcomesThatSayNothing(t *testing.T) {
 			if !c.Pacing() || rateOf(c) != 1 {
 				t.Fatalf("after a batch that showed nothing: pacing %v, rate %v; want still probing at 1 per interval", c.Pacing(), rateOf(c))
 			}
-			clk.Advance(DefaultInterval)
+			clk.Advance(overload.DefaultInterval)
 			if !atOnce() {
 				t.Fatal("the next probe was held")
 			}

@@ -1,9 +1,11 @@
-package overload
+package pacing
 
 import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/herdguard/herdguard/overload"
 
 	"github.com/herdguard/herdguard/internal/testutil"
 )
@@ -33,12 +35,12 @@ func TestIndependentFailuresEndThePacing(t *testing.T) {
 }
 
 func independentFailuresEndThePacing(t *testing.T, calm int, seed uint64) {
-	c, clk := newController(t, Settings{})
+	c, clk := newController(t, overload.Settings{})
 	rng := rand.New(rand.NewPCG(seed, 5))
 	for range calm {
 		report(c, Answered, 42)
 		report(c, Overloaded, 18)
-		clk.Advance(DefaultInterval)
+		clk.Advance(overload.DefaultInterval)
 	}
 	if c.Pacing() {
 		t.Fatal("pacing on independent failures")
@@ -73,7 +75,7 @@ func independentFailuresEndThePacing(t *testing.T, calm int, seed uint64) {
 func TestIndependentFailuresAboveTheRatioEndThePacing(t *testing.T) {
 	for _, share := range []float64{0.5, 0.67, 0.8, 0.9} {
 		for seed := range uint64(5) {
-			c, clk := newController(t, Settings{})
+			c, clk := newController(t, overload.Settings{})
 			rng := rand.New(rand.NewPCG(seed, 17))
 			paced := 0
 			r := driveEach(t, c, clk, func(time.Time) Outcome {
@@ -125,7 +127,7 @@ func capacityCut(t *testing.T, fresh bool, run, least int) {
 		clk *testutil.Clock
 	)
 	if fresh {
-		c, clk = newController(t, Settings{})
+		c, clk = newController(t, overload.Settings{})
 		startCollapsed(t, c, clk)
 	} else {
 		c, clk = calmThenFail(t, 60)
@@ -135,7 +137,7 @@ func capacityCut(t *testing.T, fresh bool, run, least int) {
 		taken  int
 	)
 	r := drive(t, c, clk, func(now time.Time) Outcome {
-		if w := now.Truncate(DefaultInterval); w != window {
+		if w := now.Truncate(overload.DefaultInterval); w != window {
 			window, taken = w, 0
 		}
 		if taken >= 50 {
@@ -174,12 +176,12 @@ func TestCrossingACutTeachesNoIndependentFailures(t *testing.T) {
 		{"a clean interval too small to tell", [][2]int{{3, 0}, {9, 0}, {40, 12}}, 0.15, 0.25},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, clk := newController(t, Settings{})
+			c, clk := newController(t, overload.Settings{})
 			startCollapsed(t, c, clk)
 			for _, iv := range tc.intervals {
 				report(c, Answered, iv[0])
 				report(c, Overloaded, iv[1])
-				clk.Advance(DefaultInterval)
+				clk.Advance(overload.DefaultInterval)
 			}
 			c.State() // closes the last interval
 			base := indepShare(c)

@@ -1,4 +1,4 @@
-package overload
+package pacing
 
 import (
 	"math"

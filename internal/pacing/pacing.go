@@ -1,4 +1,4 @@
-package overload
+package pacing
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/herdguard/herdguard/overload"
 
 	"github.com/herdguard/herdguard/internal/errs"
 )
@@ -53,7 +55,7 @@ const (
 // Controller paces one server's attempts. Make one with [New]. It is safe
 // for concurrent use.
 type Controller struct {
-	s Settings
+	s config
 
 	// Read without the lock, on the calm path.
 	pacing    atomic.Bool
@@ -86,14 +88,34 @@ type counters struct {
 	delayed, shed, episodes atomic.Uint64
 }
 
-// New returns a calm controller for s.
-func New(s Settings) (*Controller, error) {
+// Clock is the time a Controller reads and waits on. A nil field is real
+// time: time.Now, and time.AfterFunc (AfterFunc runs f after d, in its own
+// goroutine or synchronously as the clock's owner decides, and returns a
+// function that stops it).
+type Clock struct {
+	Now       func() time.Time
+	AfterFunc func(d time.Duration, f func()) (stop func() bool)
+}
+
+// config is a controller's settings, defaults filled in, and its clock.
+type config struct {
+	overload.Settings
+	Clock
+}
+
+// New returns a calm controller for s, on clk.
+func New(s overload.Settings, clk Clock) (*Controller, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	s = s.WithDefaults()
-	c := &Controller{s: s}
-	c.start = s.Now()
+	if clk.Now == nil {
+		clk.Now = time.Now
+	}
+	if clk.AfterFunc == nil {
+		clk.AfterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
+	}
+	c := &Controller{s: config{s.WithDefaults(), clk}}
+	c.start = clk.Now()
 	return c, nil
 }
 
