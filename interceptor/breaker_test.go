@@ -13,10 +13,15 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
+	"io"
+	"sync"
+	"sync/atomic"
+
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/testserver"
 	"github.com/herdguard/herdguard/policy"
+	"google.golang.org/grpc/metadata"
 )
 
 func TestBreakerCountsCallsNotAttempts(t *testing.T) {
@@ -260,5 +265,300 @@ func TestStreamClientErrorDoesNotCount(t *testing.T) {
 	}
 	if got := ic.Breakers().Get(testserver.Target, "/grpc.testing.TestService/StreamingInputCall").State(); got != breaker.Closed {
 		t.Errorf("breaker %v after the client's own send error, want closed", got)
+	}
+}
+
+// heldClock reads the wall clock, but its timers never fire: a backoff wait
+// ends only when the call's context does. Every wait asked for is sent on
+// waits while there is room.
+type heldClock struct{ waits chan time.Duration }
+
+func newHeldClock() *heldClock { return &heldClock{waits: make(chan time.Duration, 64)} }
+
+func (c *heldClock) Now() time.Time { return time.Now() }
+
+// AfterFunc returns a timer that never fires.
+func (c *heldClock) AfterFunc(d time.Duration, _ func()) timer { return c.NewTimer(d) }
+
+func (c *heldClock) NewTimer(d time.Duration) timer {
+	t := &heldTimer{clock: c, c: make(chan time.Time)}
+	t.Reset(d)
+	return t
+}
+
+type heldTimer struct {
+	clock *heldClock
+	c     chan time.Time
+}
+
+func (t *heldTimer) C() <-chan time.Time { return t.c }
+
+func (t *heldTimer) Stop() bool { return true }
+
+func (t *heldTimer) Reset(d time.Duration) bool {
+	select {
+	case t.clock.waits <- d:
+	default:
+	}
+	return false
+}
+
+// hungServer answers calls whose payload is "fail" with Unavailable at once
+// and hangs on any other until its context ends. A hanging handler first
+// offers a value on entered, so a test can learn that its attempt is in
+// flight.
+func hungServer(t *testing.T) (*testserver.Server, chan struct{}) {
+	entered := make(chan struct{})
+	hang := func(ctx context.Context, body []byte) error {
+		if string(body) == "fail" {
+			return status.Error(codes.Unavailable, "regress: down")
+		}
+		select {
+		case entered <- struct{}{}:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		<-ctx.Done()
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	srv := testserver.Start(t, &testserver.Server{
+		Unary: func(ctx context.Context, r *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+			return nil, hang(ctx, r.GetPayload().GetBody())
+		},
+		ServerStream: func(r *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+			return hang(ss.Context(), r.GetPayload().GetBody())
+		},
+	})
+	return srv, entered
+}
+
+// breakerKinds make one call of their kind with the given payload and
+// return its error.
+var breakerKinds = []struct {
+	name string
+	call func(context.Context, testgrpc.TestServiceClient, string) error
+}{
+	{"unary", func(ctx context.Context, c testgrpc.TestServiceClient, body string) error {
+		_, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{Payload: payload(body)})
+		return err
+	}},
+	{"server stream", func(ctx context.Context, c testgrpc.TestServiceClient, body string) error {
+		s, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{Payload: payload(body)})
+		if err != nil {
+			return err
+		}
+		_, err = s.Recv()
+		return err
+	}},
+}
+
+// TestHungBackendTripsBreaker: a call whose deadline (the caller's,
+// or the policy's Timeout) runs out while its attempt waits on a server
+// that does not answer is the server's failure, and opens the breaker like
+// any other.
+func TestHungBackendTripsBreaker(t *testing.T) {
+	const trip = 3
+	srv, _ := hungServer(t)
+	for _, deadline := range []string{"caller's", "Policy.Timeout"} {
+		for _, k := range breakerKinds {
+			t.Run(deadline+"/"+k.name, func(t *testing.T) {
+				opts := []Option{WithBreaker(breaker.Settings{ConsecutiveFailures: trip})}
+				callCtx := func() (context.Context, context.CancelFunc) {
+					return context.WithTimeout(context.Background(), hungDeadline)
+				}
+				if deadline == "Policy.Timeout" {
+					opts = append(opts, WithPolicy(policy.Policy{Timeout: hungDeadline}))
+					callCtx = func() (context.Context, context.CancelFunc) {
+						return context.WithTimeout(context.Background(), 100*hungDeadline) // far beyond the policy's
+					}
+				}
+				c, ic := streamClient(t, srv, opts...)
+				for i := range trip {
+					ctx, cancel := callCtx()
+					err := k.call(ctx, c, "hang")
+					cancel()
+					if status.Code(err) != codes.DeadlineExceeded {
+						t.Fatalf("call %d: got %v, want DeadlineExceeded", i+1, err)
+					}
+				}
+				if got := ic.Breakers().Get(testserver.Target, testserver.MethodUnary).State(); got != breaker.Open {
+					t.Errorf("breaker %v after %d calls timed out on a hung server, want open", got, trip)
+				}
+				n := srv.Requests()
+				ctx, cancel := callCtx()
+				defer cancel()
+				if err := k.call(ctx, c, "hang"); !errors.Is(err, breaker.ErrOpen) {
+					t.Errorf("call %d: got %v, want it refused with breaker.ErrOpen", trip+1, err)
+				}
+				if got := srv.Requests() - n; got != 0 {
+					t.Errorf("call %d reached the server %d times, want 0", trip+1, got)
+				}
+			})
+		}
+	}
+}
+
+// TestCallerEndedCallsDoNotTrip: calls the caller ended itself say
+// nothing about the server and leave the breaker closed, however many.
+func TestCallerEndedCallsDoNotTrip(t *testing.T) {
+	const (
+		trip = 3
+		runs = trip + 1
+	)
+	srv, entered := hungServer(t)
+	cases := []struct {
+		name string
+		want codes.Code
+		// run makes one call that the caller ends.
+		run func(t *testing.T, clk *heldClock, call func(context.Context, string) error) error
+	}{
+		{"cancelled in flight", codes.Canceled, func(t *testing.T, _ *heldClock, call func(context.Context, string) error) error {
+			ctx, cancel := context.WithCancel(ctxT(t))
+			defer cancel()
+			got := make(chan error, 1)
+			go func() { got <- call(ctx, "hang") }()
+			select {
+			case <-entered:
+			case err := <-got:
+				return fmt.Errorf("the call ended before it reached the server: %w", err)
+			}
+			cancel()
+			return <-got
+		}},
+		{"deadline during backoff", codes.DeadlineExceeded, func(t *testing.T, clk *heldClock, call func(context.Context, string) error) error {
+			ctx, cancel := context.WithTimeout(context.Background(), hungDeadline)
+			defer cancel()
+			err := call(ctx, "fail")
+			select {
+			case <-clk.waits:
+			default:
+				t.Error("the call started no backoff wait: the case tests nothing")
+			}
+			return err
+		}},
+		{"deadline passed before the call", codes.DeadlineExceeded, func(t *testing.T, _ *heldClock, call func(context.Context, string) error) error {
+			ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+			defer cancel()
+			return call(ctx, "hang")
+		}},
+	}
+	for _, k := range breakerKinds {
+		for _, tt := range cases {
+			t.Run(k.name+"/"+tt.name, func(t *testing.T) {
+				clk := newHeldClock()
+				ic, err := New(withClock(clk), WithBreaker(breaker.Settings{ConsecutiveFailures: trip}),
+					WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: ms}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := srv.Client(t, ic.DialOptions()...)
+				call := func(ctx context.Context, body string) error { return k.call(ctx, c, body) }
+				for i := range runs {
+					if err := tt.run(t, clk, call); status.Code(err) != tt.want {
+						t.Fatalf("call %d: got %v, want %v", i+1, err, tt.want)
+					}
+				}
+				if got := ic.Breakers().Get(testserver.Target, testserver.MethodUnary).State(); got != breaker.Closed {
+					t.Errorf("breaker %v after %d such calls, want closed", got, runs)
+				}
+			})
+		}
+	}
+}
+
+// TestLongStreamClosesHalfOpenBreaker: a probe stream the server
+// has answered has shown the server healthy; the breaker closes then, not
+// when the (long) stream ends, and lets other calls through: when the
+// caller received a message, and when the server sent headers alone that
+// the caller has not read, also after Context() committed the stream
+// before they came.
+//
+// It runs in real time, as gobreaker reads the wall clock: the open period
+// is short and the waits for the breaker generous.
+func TestLongStreamClosesHalfOpenBreaker(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		message bool // the server sends a message, or headers alone
+		context bool // the caller calls Context() first
+	}{
+		{"a message received", true, false},
+		{"headers unread", false, false},
+		{"headers unread after Context", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var failing atomic.Bool
+			failing.Store(true)
+			release := make(chan struct{})
+			stopProbe := sync.OnceFunc(func() { close(release) })
+			defer stopProbe()
+			srv := testserver.Start(t, &testserver.Server{
+				Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+					if failing.Load() {
+						return nil, status.Error(codes.Unavailable, "regress: down")
+					}
+					return &testgrpc.SimpleResponse{}, nil
+				},
+				ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+					var err error
+					if tc.message {
+						err = ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("first")})
+					} else {
+						err = ss.SendHeader(metadata.Pairs("watch", "on"))
+					}
+					if err != nil {
+						return err
+					}
+					select {
+					case <-release:
+					case <-ss.Context().Done():
+					}
+					return nil
+				},
+			})
+			c, ic := streamClient(t, srv, WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 50 * ms}))
+			b := ic.Breakers().Get(testserver.Target, testserver.MethodUnary)
+			if err := call(t, c); status.Code(err) != codes.Unavailable {
+				t.Fatalf("tripping call: got %v, want Unavailable", err)
+			}
+			if got := b.State(); got != breaker.Open {
+				t.Fatalf("breaker %v, want open", got)
+			}
+			waitHalfOpen(t, b)
+			failing.Store(false)
+
+			stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+			if err != nil {
+				t.Fatalf("probe stream: %v", err)
+			}
+			if tc.context {
+				_ = stream.Context()
+			}
+			if tc.message {
+				if m, err := stream.Recv(); err != nil || string(m.GetPayload().GetBody()) != "first" {
+					t.Fatalf("probe's first Recv = %v, %v; want first", m, err)
+				}
+			}
+			// The headers are the server's answer, whenever they come.
+			deadline := time.Now().Add(callTimeout)
+			for b.State() != breaker.Closed && time.Now().Before(deadline) {
+				time.Sleep(5 * ms)
+			}
+			if got := b.State(); got != breaker.Closed {
+				t.Errorf("breaker %v while the answered probe stream is open, want closed", got)
+			}
+			if err := call(t, c); err != nil {
+				t.Errorf("unary call while the answered probe stream is open: got %v, want nil", err)
+			}
+			stopProbe()
+			if tc.message {
+				if m, err := stream.Recv(); err != io.EOF {
+					t.Errorf("probe's last Recv = %v, %v; want io.EOF", m, err)
+				}
+			} else if md, err := stream.Header(); err != nil || md.Get("watch")[0] != "on" {
+				t.Errorf("probe's Header() = %v, %v; want watch: on", md, err)
+			} else if m, err := stream.Recv(); err != io.EOF {
+				t.Errorf("probe's Recv = %v, %v; want io.EOF", m, err)
+			}
+		})
 	}
 }

@@ -25,7 +25,9 @@ import (
 
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/internal/wire"
 	"github.com/herdguard/herdguard/policy"
+	"google.golang.org/grpc/metadata"
 )
 
 func TestThrottlingStopsRetries(t *testing.T) {
@@ -311,3 +313,63 @@ func TestBudgetsAllocateNothingPerCall(t *testing.T) {
 
 func noopTP() trace.TracerProvider { return tracenoop.NewTracerProvider() }
 func noopMP() metric.MeterProvider { return metricnoop.NewMeterProvider() }
+
+// TestThrottlingMatchesGRPC: a trailers-only answer with a pushback
+// that says stop takes a throttling token even when its code is not
+// retryable, as in gRPC. Five of them leave half the tokens of ten, so the
+// next retryable failure is not retried, by gRPC's own retry (the control)
+// nor by herdguard.
+func TestThrottlingMatchesGRPC(t *testing.T) {
+	const (
+		maxAttempts = 3
+		stops       = 5
+	)
+	trailers := map[string]metadata.MD{
+		"negative pushback":   {wire.PushbackKey: {"-1"}},
+		"two pushback values": {wire.PushbackKey: {"10", "20"}},
+	}
+	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, r *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+		if md := trailers[string(r.GetPayload().GetBody())]; md != nil {
+			if err := grpc.SetTrailer(ctx, md); err != nil {
+				return nil, err
+			}
+			return nil, status.Error(codes.Internal, "regress: broken, do not retry")
+		}
+		return nil, status.Error(codes.Unavailable, "regress: down")
+	}})
+	for _, name := range []string{"negative pushback", "two pushback values"} {
+		t.Run(name, func(t *testing.T) {
+			// lastAttempts makes the stop calls, then one that fails
+			// Unavailable, and returns how many attempts the last one made.
+			lastAttempts := func(c testgrpc.TestServiceClient) int {
+				t.Helper()
+				for i := range stops {
+					_, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{Payload: payload(name)})
+					if status.Code(err) != codes.Internal {
+						t.Fatalf("call %d: got %v, want Internal", i+1, err)
+					}
+				}
+				n := srv.Requests()
+				if _, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{}); status.Code(err) != codes.Unavailable {
+					t.Fatalf("last call: got %v, want Unavailable", err)
+				}
+				return srv.Requests() - n
+			}
+			ic, err := New(withClock(newFakeClock()), withRand(fixedRand(0.5)), WithoutBreaker(),
+				WithPolicy(policy.Policy{MaxAttempts: maxAttempts, RetryableCodes: []codes.Code{codes.Unavailable}}),
+				WithRetryThrottling(policy.Throttling{MaxTokens: 10, TokenRatio: 0.1}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := lastAttempts(srv.Client(t, ic.DialOptions()...))
+			control := lastAttempts(srv.Client(t,
+				grpc.WithDefaultServiceConfig(grpcRetryConfig(maxAttempts, `{"maxTokens": 10, "tokenRatio": 0.1}`))))
+			if control != 1 {
+				t.Errorf("control: gRPC's own retry made %d attempts of the last call, want 1", control)
+			}
+			if got != control {
+				t.Errorf("herdguard made %d attempts of the last call, gRPC's own retry %d; want the same", got, control)
+			}
+		})
+	}
+}

@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"fmt"
+
 	"github.com/herdguard/herdguard/internal/testserver"
 )
 
@@ -210,4 +212,28 @@ func alone(tb testing.TB, opts ...Option) (grpc.UnaryClientInterceptor, *grpc.Cl
 	}
 	tb.Cleanup(func() { cc.Close() })
 	return ic.Unary(), cc
+}
+
+// within runs fn on its own goroutine and returns its error, or an error
+// saying that it panicked or did not return within stuckAfter. A goroutine
+// that never returns is left behind (goleak then reports it too).
+func within(what string, fn func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		returned := false
+		defer func() {
+			if !returned {
+				done <- fmt.Errorf("%s panicked: %v", what, recover())
+			}
+		}()
+		err := fn()
+		returned = true
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(stuckAfter):
+		return fmt.Errorf("%s did not return within %v: deadlocked", what, stuckAfter)
+	}
 }

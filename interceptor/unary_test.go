@@ -410,3 +410,60 @@ func TestInterceptorOrder(t *testing.T) {
 		t.Errorf("outer ran %d times, inner %d; want 1 and 3", outer, inner)
 	}
 }
+
+// TestSingleAttemptErrorAsIs: a call allowed one attempt returns that
+// attempt's error as it is, not wrapped in a RetryError.
+func TestSingleAttemptErrorAsIs(t *testing.T) {
+	down := status.Error(codes.Unavailable, "regress: down")
+	srv := testserver.Start(t, &testserver.Server{
+		Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+			return nil, down
+		},
+		ServerStream: func(*testgrpc.StreamingOutputCallRequest, testgrpc.TestService_StreamingOutputCallServer) error {
+			return down
+		},
+	})
+	one := policy.Policy{MaxAttempts: 1}
+	for _, tt := range []struct {
+		name string
+		opts []Option
+		call []grpc.CallOption
+	}{
+		{"NoRetry", nil, []grpc.CallOption{NoRetry()}},
+		{"CallPolicy", nil, []grpc.CallOption{CallPolicy(one)}},
+		{"WithPolicy", []Option{WithPolicy(one)}, nil},
+	} {
+		for _, k := range []struct {
+			name string
+			run  func(context.Context, testgrpc.TestServiceClient, ...grpc.CallOption) error
+		}{
+			{"unary", func(ctx context.Context, c testgrpc.TestServiceClient, opts ...grpc.CallOption) error {
+				_, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{}, opts...)
+				return err
+			}},
+			{"server stream", func(ctx context.Context, c testgrpc.TestServiceClient, opts ...grpc.CallOption) error {
+				s, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{}, opts...)
+				if err != nil {
+					return err
+				}
+				_, err = s.Recv()
+				return err
+			}},
+		} {
+			t.Run(tt.name+"/"+k.name, func(t *testing.T) {
+				c, _ := streamClient(t, srv, append(tt.opts, WithoutBreaker())...)
+				n := srv.Requests()
+				err := k.run(ctxT(t), c, tt.call...)
+				if errors.As(err, new(*RetryError)) {
+					t.Errorf("got %v, a *RetryError; want the attempt's error as it is", err)
+				}
+				if err == nil || err.Error() != down.Error() {
+					t.Errorf("got %v, want %q", err, down.Error())
+				}
+				if got := srv.Requests() - n; got != 1 {
+					t.Errorf("server saw %d attempts, want 1", got)
+				}
+			})
+		}
+	}
+}
