@@ -6,13 +6,17 @@
 // fall due, in order:
 //
 //	clk := testutil.NewClock(time.Now())
-//	s.Now, s.AfterFunc = clk.Now, func(d time.Duration, f func()) func() bool {
+//	pacing.New(s, pacing.Clock{Now: clk.Now, AfterFunc: func(d time.Duration, f func()) func() bool {
 //		return clk.AfterFunc(d, f).Stop
-//	}
-//	clk.Advance(time.Second) // runs every timer due within the second
-//	if got := clk.Delays(); ... // every delay a timer was set to
+//	}})
+//	clk.Advance(time.Second) // runs every timer due within the second, then returns
+//	clk.Delays()             // every delay a timer was set to, in order
 //
-// Two options change that, for code with other contracts:
+// [Clock.Skip] moves the clock without firing anything (time the timers
+// do not see yet), and [Clock.Expire] hands back the functions of the
+// timers due instead of running them.
+//
+// Two options change how timers fire, for code with other contracts:
 //
 //   - [Instant]: every wait is instant. A timer fires as soon as it is set
 //     and moves the clock on by its delay, as if the wait had passed. Retry
