@@ -22,6 +22,8 @@ import (
 	"github.com/herdguard/herdguard/internal/testserver"
 	"github.com/herdguard/herdguard/policy"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/herdguard/herdguard/internal/testutil"
 )
 
 func TestBreakerCountsCallsNotAttempts(t *testing.T) {
@@ -59,7 +61,7 @@ func TestBreakerOpensAfterExhaustedCallsAndFailsFast(t *testing.T) {
 	if b.State() != breaker.Open {
 		t.Fatalf("breaker %v after 2 exhausted calls, want open", b.State())
 	}
-	sent, waits := srv.Requests(), len(clk.Waits())
+	sent, waits := srv.Requests(), len(clk.Delays())
 
 	err := call(t, c)
 	if !errors.Is(err, breaker.ErrOpen) || status.Code(err) != codes.Unavailable {
@@ -68,8 +70,8 @@ func TestBreakerOpensAfterExhaustedCallsAndFailsFast(t *testing.T) {
 	if !strings.Contains(err.Error(), testserver.Target) {
 		t.Errorf("err = %q, want it to name the scope %q", err, testserver.Target)
 	}
-	if srv.Requests() != sent || len(clk.Waits()) != waits {
-		t.Errorf("an open breaker sent %d attempts and waited %d times; want none", srv.Requests()-sent, len(clk.Waits())-waits)
+	if srv.Requests() != sent || len(clk.Delays()) != waits {
+		t.Errorf("an open breaker sent %d attempts and waited %d times; want none", srv.Requests()-sent, len(clk.Delays())-waits)
 	}
 	// the breaker is per target: another method is refused too
 	if _, err := c.EmptyCall(context.Background(), &testgrpc.Empty{}); !errors.Is(err, breaker.ErrOpen) {
@@ -268,40 +270,16 @@ func TestStreamClientErrorDoesNotCount(t *testing.T) {
 	}
 }
 
-// heldClock reads the wall clock, but its timers never fire: a backoff wait
-// ends only when the call's context does. Every wait asked for is sent on
-// waits while there is room.
-type heldClock struct{ waits chan time.Duration }
+// heldClock reads the wall clock, but its timers never fire (nothing
+// advances it): a backoff wait ends only when the call's context does.
+// Delays returns every wait asked for.
+type heldClock struct{ *testutil.Clock }
 
-func newHeldClock() *heldClock { return &heldClock{waits: make(chan time.Duration, 64)} }
+func newHeldClock() *heldClock { return &heldClock{testutil.NewClock(time.Now())} }
 
-func (c *heldClock) Now() time.Time { return time.Now() }
-
-// AfterFunc returns a timer that never fires.
-func (c *heldClock) AfterFunc(d time.Duration, _ func()) timer { return c.NewTimer(d) }
-
-func (c *heldClock) NewTimer(d time.Duration) timer {
-	t := &heldTimer{clock: c, c: make(chan time.Time)}
-	t.Reset(d)
-	return t
-}
-
-type heldTimer struct {
-	clock *heldClock
-	c     chan time.Time
-}
-
-func (t *heldTimer) C() <-chan time.Time { return t.c }
-
-func (t *heldTimer) Stop() bool { return true }
-
-func (t *heldTimer) Reset(d time.Duration) bool {
-	select {
-	case t.clock.waits <- d:
-	default:
-	}
-	return false
-}
+func (*heldClock) Now() time.Time                              { return time.Now() }
+func (c *heldClock) NewTimer(d time.Duration) timer            { return c.Clock.NewTimer(d) }
+func (c *heldClock) AfterFunc(d time.Duration, f func()) timer { return c.Clock.AfterFunc(d, f) }
 
 // hungServer answers calls whose payload is "fail" with Unavailable at once
 // and hangs on any other until its context ends. A hanging handler first
@@ -428,10 +406,9 @@ func TestCallerEndedCallsDoNotTrip(t *testing.T) {
 		{"deadline during backoff", codes.DeadlineExceeded, func(t *testing.T, clk *heldClock, call func(context.Context, string) error) error {
 			ctx, cancel := context.WithTimeout(context.Background(), hungDeadline)
 			defer cancel()
+			waits := len(clk.Delays())
 			err := call(ctx, "fail")
-			select {
-			case <-clk.waits:
-			default:
+			if len(clk.Delays()) == waits {
 				t.Error("the call started no backoff wait: the case tests nothing")
 			}
 			return err

@@ -24,124 +24,41 @@ import (
 
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/internal/testutil"
 	"github.com/herdguard/herdguard/policy"
 )
 
-// manualClock is a clock whose time moves, and whose AfterFunc timers fire,
-// only when the test says. It records every delay a timer was set to.
+// manualClock is a clock whose time moves, and whose AfterFunc timers
+// fire (each in its own goroutine), only when the test says: Advance,
+// Skip to move it without firing, Expire to get the due callbacks unrun.
+// Delays returns every delay a timer was set to. Its NewTimer fires at
+// once: hedging tests make no backoff waits.
 type manualClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	timers []*manualTimer
-	armed  []time.Duration
+	*testutil.Clock
+	waits *testutil.Clock
 }
 
-func newManualClock() *manualClock { return &manualClock{now: time.Now()} }
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
+func newManualClock() *manualClock {
+	return &manualClock{testutil.NewClock(time.Now(), testutil.Async()), testutil.NewClock(time.Now(), testutil.Instant())}
 }
 
-// NewTimer fires at once: hedging tests make no backoff waits.
-func (c *manualClock) NewTimer(d time.Duration) timer {
-	t := &fakeTimer{clock: newFakeClock(), c: make(chan time.Time, 1)}
-	t.Reset(d)
-	return t
-}
-
-func (c *manualClock) AfterFunc(d time.Duration, f func()) timer {
-	t := &manualTimer{clock: c, f: f}
-	c.mu.Lock()
-	c.timers = append(c.timers, t)
-	c.mu.Unlock()
-	t.Reset(d)
-	return t
-}
-
-// Advance moves the time on by d and runs, each in its own goroutine, the
-// timers that are due.
-func (c *manualClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	var due []func()
-	for _, t := range c.timers {
-		if t.active && !t.due.After(c.now) {
-			t.active = false
-			due = append(due, t.f)
-		}
-	}
-	c.mu.Unlock()
-	for _, f := range due {
-		go f()
-	}
-}
-
-// Skip moves the time on by d without running any timer.
-func (c *manualClock) Skip(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-// Armed returns the delays timers were set to, in order.
-func (c *manualClock) Armed() []time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.armed)
-}
+func (c *manualClock) NewTimer(d time.Duration) timer            { return c.waits.NewTimer(d) }
+func (c *manualClock) AfterFunc(d time.Duration, f func()) timer { return c.Clock.AfterFunc(d, f) }
 
 // waitArmed waits until a timer has been set to d.
 func (c *manualClock) waitArmed(t *testing.T, d time.Duration) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("a timer set to %v", d), func() (struct{}, bool) {
-		return struct{}{}, slices.Contains(c.Armed(), d)
-	})
+	testutil.Eventually(t, fmt.Sprintf("a timer set to %v", d), func() bool { return slices.Contains(c.Delays(), d) })
 }
 
-// eventually polls f until it reports ok, for at most callTimeout, and
-// returns its value; it fails the test, naming what it waited for, if f
-// never does. It waits on goroutines the test does not control, such as a
-// server's handler noticing its context ended.
+// eventually polls f until it reports ok, for at most 10 s, and returns
+// its value; it fails the test, naming what it waited for, if f never
+// does.
 func eventually[T any](t *testing.T, what string, f func() (T, bool)) T {
 	t.Helper()
-	deadline := time.Now().Add(callTimeout)
-	for {
-		if v, ok := f(); ok {
-			return v
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", callTimeout, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-type manualTimer struct {
-	clock  *manualClock
-	f      func()
-	due    time.Time
-	active bool
-}
-
-func (t *manualTimer) C() <-chan time.Time { return nil }
-
-func (t *manualTimer) Reset(d time.Duration) bool {
-	t.clock.mu.Lock()
-	defer t.clock.mu.Unlock()
-	was := t.active
-	t.active, t.due = true, t.clock.now.Add(d)
-	t.clock.armed = append(t.clock.armed, d)
-	return was
-}
-
-func (t *manualTimer) Stop() bool {
-	t.clock.mu.Lock()
-	defer t.clock.mu.Unlock()
-	was := t.active
-	t.active = false
-	return was
+	var v T
+	testutil.Eventually(t, what, func() (ok bool) { v, ok = f(); return ok })
+	return v
 }
 
 // hedgeServer answers UnaryCall per attempt: the test sets, by attempt
@@ -310,7 +227,7 @@ func TestHedgeFirstAttemptAloneWhenItAnswersInTime(t *testing.T) {
 	}
 	clk.Advance(time.Hour) // a stale timer must send nothing
 	srv.noArrival(t)
-	if got := clk.Armed(); !slices.Equal(got, []time.Duration{hedgeDelay}) {
+	if got := clk.Delays(); !slices.Equal(got, []time.Duration{hedgeDelay}) {
 		t.Errorf("timers set to %v, want one hedging delay", got)
 	}
 }
@@ -386,7 +303,7 @@ func TestHedgePushback(t *testing.T) {
 		if r := waitResult(t, done); r.err != nil {
 			t.Fatalf("call: %v", r)
 		}
-		if got := clk.Armed(); !slices.Contains(got, 500*time.Millisecond) {
+		if got := clk.Delays(); !slices.Contains(got, 500*time.Millisecond) {
 			t.Errorf("timers set to %v, want one of 500ms after the pushback", got)
 		}
 	})
@@ -505,7 +422,7 @@ func TestHedgeOnlyIdempotentMethodsWithIdempotentOnly(t *testing.T) {
 	if r := waitResult(t, done); r.err != nil {
 		t.Fatalf("call: %v", r)
 	}
-	if got := clk.Armed(); len(got) != 0 {
+	if got := clk.Delays(); len(got) != 0 {
 		t.Errorf("timers set to %v for a method that may not be hedged, want none", got)
 	}
 }
@@ -577,7 +494,7 @@ func TestHedgeBreakerCountsOneCallAndProbesAlone(t *testing.T) {
 		t.Fatalf("breaker %v after two failed calls, want open", b.State())
 	}
 	waitHalfOpen(t, b)
-	armed := len(clk.Armed())
+	armed := len(clk.Delays())
 	release := make(chan struct{})
 	srv.on(1, func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
 		<-release // slower than any hedging delay
@@ -595,7 +512,7 @@ func TestHedgeBreakerCountsOneCallAndProbesAlone(t *testing.T) {
 	if r := waitResult(t, probe); r.err != nil || r.r.GetUsername() != "probe" {
 		t.Fatalf("probe: %v", r)
 	}
-	if got := len(clk.Armed()); got != armed {
+	if got := len(clk.Delays()); got != armed {
 		t.Errorf("the probe set %d hedge timers, want none", got-armed)
 	}
 	if b.State() != breaker.Closed {
@@ -676,7 +593,7 @@ func TestHedgeLatencyAwareDelay(t *testing.T) {
 		}
 		<-srv.arrived
 	}
-	armed := clk.Armed()
+	armed := clk.Delays()
 	if len(armed) != policy.HedgeSamples+1 {
 		t.Fatalf("%d timers set, want one per call", len(armed))
 	}
@@ -704,7 +621,7 @@ func TestHedgeFromServiceConfig(t *testing.T) {
 	if err != nil || r.GetUsername() != "second" {
 		t.Fatalf("call: %v, %v; want the hedge's reply after the first failed non-fatally", r, err)
 	}
-	if got := clk.Armed(); len(got) == 0 || got[0] != time.Second {
+	if got := clk.Delays(); len(got) == 0 || got[0] != time.Second {
 		t.Errorf("timers set to %v, want the config's 1s first", got)
 	}
 }
@@ -934,23 +851,6 @@ func TestHedgeExhaustedFillsTheLastAttempts(t *testing.T) {
 	}
 }
 
-// expire moves the manual clock on by d and returns the callbacks of the
-// timers that became due, without running them: as a real timer whose
-// callback goroutine has not yet got the call's lock.
-func (c *manualClock) expire(d time.Duration) []func() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	var due []func()
-	for _, t := range c.timers {
-		if t.active && !t.due.After(c.now) {
-			t.active = false
-			due = append(due, t.f)
-		}
-	}
-	return due
-}
-
 // The hedging delay passes at the moment attempt 1 fails non-fatally with
 // a pushback of 1 s: the timer fired, and its callback waits for the call's
 // lock while the pushback sets the timer again. The late callback sends
@@ -966,7 +866,7 @@ func TestHedgePushbackOutlastsATimerThatFired(t *testing.T) {
 	})
 	done, _ := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable))
 	srv.waitArrival(t, 1)
-	due := clk.expire(hedgeDelay) // the delay passed; the callback has not run
+	due := clk.Expire(hedgeDelay) // the delay passed; the callback has not run
 	close(fail1)                  // attempt 1 fails: pushback 1 s
 	clk.waitArmed(t, time.Second)
 	for _, f := range due {
@@ -985,7 +885,7 @@ func TestHedgePushbackOutlastsATimerThatFired(t *testing.T) {
 func (c *manualClock) waitArmedN(t *testing.T, n int) []time.Duration {
 	t.Helper()
 	return eventually(t, fmt.Sprintf("%d timer settings", n), func() ([]time.Duration, bool) {
-		a := c.Armed()
+		a := c.Delays()
 		return a, len(a) >= n
 	})
 }

@@ -18,6 +18,7 @@ import (
 	"fmt"
 
 	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/internal/testutil"
 )
 
 // callTimeout bounds every test call so a bug fails a test instead of
@@ -26,89 +27,18 @@ const callTimeout = 10 * time.Second
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fakeClock makes every wait instant: a timer fires at once and moves the
-// clock forward by its duration. It records every wait asked for.
-type fakeClock struct {
-	mu    sync.Mutex
-	now   time.Time
-	waits []time.Duration
+// fakeClock makes every wait instant: a timer fires at once, its
+// function in its own goroutine, and moves the clock on by its duration.
+// Delays returns every wait asked for; Advance moves the clock as time
+// passing between calls.
+type fakeClock struct{ *testutil.Clock }
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{testutil.NewClock(time.Now(), testutil.Instant(), testutil.Async())}
 }
 
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
-
-func (f *fakeClock) Now() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.now
-}
-
-func (f *fakeClock) NewTimer(d time.Duration) timer {
-	t := &fakeTimer{clock: f, c: make(chan time.Time, 1)}
-	t.Reset(d)
-	return t
-}
-
-// AfterFunc runs f at once, in its own goroutine, as if d had passed: the
-// fake clock makes every wait instant.
-func (f *fakeClock) AfterFunc(d time.Duration, fn func()) timer {
-	t := &fakeFuncTimer{clock: f, fn: fn}
-	t.Reset(d)
-	return t
-}
-
-// fakeFuncTimer runs its function as soon as it is set.
-type fakeFuncTimer struct {
-	clock *fakeClock
-	fn    func()
-}
-
-func (t *fakeFuncTimer) C() <-chan time.Time { return nil }
-func (t *fakeFuncTimer) Stop() bool          { return false }
-func (t *fakeFuncTimer) Reset(d time.Duration) bool {
-	t.clock.advance(d)
-	go t.fn()
-	return false
-}
-
-// advance records a wait of d and moves the clock past it.
-func (f *fakeClock) advance(d time.Duration) time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.waits = append(f.waits, d)
-	f.now = f.now.Add(d)
-	return f.now
-}
-
-// Pass moves the clock forward by d, as time passing between calls: no
-// wait is recorded.
-func (f *fakeClock) Pass(d time.Duration) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.now = f.now.Add(d)
-}
-
-func (f *fakeClock) Waits() []time.Duration {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]time.Duration(nil), f.waits...)
-}
-
-// fakeTimer fires as soon as it is set.
-type fakeTimer struct {
-	clock *fakeClock
-	c     chan time.Time
-}
-
-func (t *fakeTimer) C() <-chan time.Time { return t.c }
-func (t *fakeTimer) Stop() bool          { return false }
-func (t *fakeTimer) Reset(d time.Duration) bool {
-	select { // drop a fire nobody read, as time.Timer does
-	case <-t.c:
-	default:
-	}
-	t.c <- t.clock.advance(d)
-	return false
-}
+func (c *fakeClock) NewTimer(d time.Duration) timer            { return c.Clock.NewTimer(d) }
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) timer { return c.Clock.AfterFunc(d, f) }
 
 // fixedRand returns the given numbers in turn, then repeats the last.
 func fixedRand(rs ...float64) func() float64 {

@@ -98,7 +98,7 @@ func overloaded(t *testing.T, n int, opts ...Option) (*fakeClock, grpc_testing.T
 	if err := call(t, c); err != nil {
 		t.Fatalf("scripted answer: %v", err)
 	}
-	clk.Pass(overload.DefaultInterval) // the answer is in a calm interval of its own
+	clk.Advance(overload.DefaultInterval) // the answer is in a calm interval of its own
 	for range n {
 		if err := call(t, c); status.Code(err) != codes.Unavailable {
 			t.Fatalf("scripted failure: %v", err)
@@ -184,7 +184,7 @@ func TestOverloadShedsAttempt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	clk.advance(time.Second)
+	clk.Advance(time.Second)
 	sc.mu.Lock()
 	sc.errs, sc.n = []error{status.Error(codes.Unavailable, "1"), status.Error(codes.Unavailable, "2"), status.Error(codes.Unavailable, "3"), nil}, 0
 	sc.mu.Unlock()
@@ -303,7 +303,7 @@ func TestOverloadRetryWaitsInLine(t *testing.T) {
 	if err := call(t, c); err != nil { // a server that answered: overloaded, not down
 		t.Fatal(err)
 	}
-	clk.Pass(overload.DefaultInterval)
+	clk.Advance(overload.DefaultInterval)
 	for range 4 { // 3 start the pacing, and the first probe, sent at once
 		if err := call(t, c, one); status.Code(err) != codes.Unavailable {
 			t.Fatalf("scripted failure: %v", err)
@@ -398,7 +398,7 @@ func TestOverloadLearnsAnswerTimes(t *testing.T) {
 			srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, req *grpc_testing.SimpleRequest) (*grpc_testing.SimpleResponse, error) {
 				r, err := sc.unary(ctx, req)
 				if err == nil && slow.Load() {
-					clk.advance(400 * time.Millisecond) // a slow answer, on the interceptor's clock
+					clk.Advance(400 * time.Millisecond) // a slow answer, on the interceptor's clock
 				}
 				return r, err
 			}})
@@ -414,7 +414,7 @@ func TestOverloadLearnsAnswerTimes(t *testing.T) {
 			if err := call(t, c, one); err != nil { // a server that answered: overloaded, not down
 				t.Fatal(err)
 			}
-			clk.Pass(overload.DefaultInterval)
+			clk.Advance(overload.DefaultInterval)
 			for range 3 {
 				if err := call(t, c, one); status.Code(err) != codes.Unavailable {
 					t.Fatalf("scripted failure: %v", err)
@@ -481,12 +481,12 @@ func TestOverloadAnswerSentWhileCalm(t *testing.T) {
 	if !ctl.Pacing() {
 		t.Fatal("not pacing after the refusals")
 	}
-	clk.advance(400 * time.Millisecond)
+	clk.Advance(400 * time.Millisecond)
 	close(release)
 	if err := <-slow; err != nil {
 		t.Fatalf("slow call: %v", err)
 	}
-	clk.advance(100 * time.Millisecond) // its interval ends
+	clk.Advance(100 * time.Millisecond) // its interval ends
 
 	wantShedThenSent(t, srv, c, clk)
 }
@@ -640,11 +640,11 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 					t.Fatal(err)
 				}
 				ctl.Done(pacing.Answered) // a server that answered: overloaded, not down
-				clk.advance(overload.DefaultInterval)
+				clk.Advance(overload.DefaultInterval)
 				for range overload.DefaultMinFailures {
 					ctl.Done(pacing.Overloaded)
 				}
-				clk.advance(overload.DefaultInterval) // collapsed
+				clk.Advance(overload.DefaultInterval) // collapsed
 				if _, err := ctl.Acquire(context.Background()); err != nil {
 					t.Fatal(err)
 				}
@@ -678,7 +678,7 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 					s.endAttemptLocked(a, timedOut)
 					s.mu.Unlock()
 				}
-				clk.advance(overload.DefaultInterval)
+				clk.Advance(overload.DefaultInterval)
 				st := ctl.State()
 				probe := float64(time.Second / overload.DefaultInterval) // one attempt per interval
 				if !st.Pacing || (st.Rate == probe) != tc.collapse {

@@ -23,6 +23,8 @@ import (
 
 	"github.com/herdguard/herdguard/internal/testserver"
 	"github.com/herdguard/herdguard/policy"
+
+	"github.com/herdguard/herdguard/internal/testutil"
 )
 
 // streamScript plays a stream handler per attempt: the test says what each
@@ -573,17 +575,10 @@ func TestHedgeOpeningHoldsUpNoAnswer(t *testing.T) {
 func waitNoGoroutine(t *testing.T, fn string) {
 	t.Helper()
 	buf := make([]byte, 1<<20)
-	deadline := time.Now().Add(callTimeout)
-	for {
+	testutil.Eventually(t, "no goroutine running "+fn, func() bool {
 		n := runtime.Stack(buf, true)
-		if !bytes.Contains(buf[:n], []byte(fn)) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s still running after %v", fn, callTimeout)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return !bytes.Contains(buf[:n], []byte(fn))
+	})
 }
 
 // TestHedgedStreamContextCommits: Context commits a hedged stream as gRPC

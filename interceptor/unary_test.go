@@ -35,7 +35,7 @@ func TestSuccessFirstTime(t *testing.T) {
 	if got := srv.Attempts(); !slices.Equal(got, []string{""}) {
 		t.Errorf("server saw attempts %q, want one first attempt without %s", got, wire.AttemptKey)
 	}
-	if w := clk.Waits(); len(w) != 0 {
+	if w := clk.Delays(); len(w) != 0 {
 		t.Errorf("waited %v on a call that succeeded at once", w)
 	}
 }
@@ -48,7 +48,7 @@ func TestRetriesUntilSuccess(t *testing.T) {
 	if got, want := srv.Attempts(), []string{"", "2", "3", "4"}; !slices.Equal(got, want) {
 		t.Errorf("server saw %s %q, want %q", wire.AttemptKey, got, want)
 	}
-	if got, want := clk.Waits(), []time.Duration{10 * ms, 20 * ms, 40 * ms}; !slices.Equal(got, want) {
+	if got, want := clk.Delays(), []time.Duration{10 * ms, 20 * ms, 40 * ms}; !slices.Equal(got, want) {
 		t.Errorf("waits %v, want %v", got, want)
 	}
 }
@@ -77,7 +77,7 @@ func TestBackoffTablesPerJitter(t *testing.T) {
 				t.Errorf("server saw %d attempts, want 7", got)
 			}
 			// the fake clock asks for a zero wait too: it is a real step of the loop
-			got := clk.Waits()
+			got := clk.Delays()
 			if tt.j == policy.FullJitter {
 				got = slices.Insert(got, 3, 0) // a zero wait takes no timer
 			}
@@ -130,8 +130,8 @@ func TestNotRetryable(t *testing.T) {
 			if got := srv.Requests(); got != 1 {
 				t.Errorf("server saw %d attempts, want 1", got)
 			}
-			if len(clk.Waits()) != 0 {
-				t.Errorf("waited %v", clk.Waits())
+			if len(clk.Delays()) != 0 {
+				t.Errorf("waited %v", clk.Delays())
 			}
 		})
 	}
@@ -188,7 +188,7 @@ func TestStopsBeforeWaitingIntoTheDeadline(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("status.Code = %v, want the last attempt's Unavailable", status.Code(err))
 	}
-	if got, want := clk.Waits(), []time.Duration{time.Second, 2 * time.Second}; !slices.Equal(got, want) {
+	if got, want := clk.Delays(), []time.Duration{time.Second, 2 * time.Second}; !slices.Equal(got, want) {
 		t.Errorf("waits %v, want %v: it must not start a wait that ends past the deadline", got, want)
 	}
 	if got := srv.Requests(); got != 3 {
@@ -233,8 +233,8 @@ func TestNeverRetriesWhenCallerIsDone(t *testing.T) {
 	if status.Code(err) != codes.Canceled {
 		t.Errorf("err = %v, want Canceled", err)
 	}
-	if got := srv.Requests(); got != 1 || len(clk.Waits()) != 0 {
-		t.Errorf("server saw %d attempts and client waited %v; want 1 attempt, no wait", got, clk.Waits())
+	if got := srv.Requests(); got != 1 || len(clk.Delays()) != 0 {
+		t.Errorf("server saw %d attempts and client waited %v; want 1 attempt, no wait", got, clk.Delays())
 	}
 }
 
@@ -269,7 +269,7 @@ func TestPushback(t *testing.T) {
 			if got := srv.Requests(); got != tt.wantN {
 				t.Errorf("server saw %d attempts, want %d", got, tt.wantN)
 			}
-			if got := clk.Waits(); !slices.Equal(got, tt.wantWaits) {
+			if got := clk.Delays(); !slices.Equal(got, tt.wantWaits) {
 				t.Errorf("waits %v, want %v", got, tt.wantWaits)
 			}
 		})
