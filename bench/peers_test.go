@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
-	"github.com/herdguard/herdguard/interceptor"
 	"github.com/herdguard/herdguard/cmd/stormlab"
+	"github.com/herdguard/herdguard/interceptor"
 	"github.com/herdguard/herdguard/policy"
 )
 

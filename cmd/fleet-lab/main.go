@@ -32,10 +32,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/herdguard/herdguard/internal/proc"
 	"github.com/herdguard/herdguard/cmd/stormlab"
-	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
+	"github.com/herdguard/herdguard/internal/proc"
 	"github.com/herdguard/herdguard/internal/redistest"
+	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
 
 // replicaEnv makes this binary (or a test binary) run as a replica.

@@ -17,8 +17,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/herdguard/herdguard/internal/proc"
 	"github.com/herdguard/herdguard/cmd/stormlab"
+	"github.com/herdguard/herdguard/internal/proc"
 )
 
 // Options say which Jaeger to run and how.
