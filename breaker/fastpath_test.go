@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/herdguard/herdguard"
+	"github.com/herdguard/herdguard/internal/testutil"
 )
 
 // TestFastPathMatchesGobreaker drives a Breaker and a plain gobreaker with
@@ -159,9 +159,8 @@ func TestFastPathUnderConcurrency(t *testing.T) {
 		for i := range 500 {
 			// let the workers make calls between stops, however the
 			// scheduler of a loaded machine treats them
-			for from := ops.Load(); ops.Load() < from+8; {
-				runtime.Gosched()
-			}
+			from := ops.Load()
+			testutil.Eventually(t, "the workers to make 8 calls", func() bool { return ops.Load() >= from+8 })
 			world.Lock()
 			check(i)
 			if b.LastState() != Closed {
