@@ -122,24 +122,7 @@ func goodputSection(title string, rs []Result, y0 int) (string, int, int) {
 	legendH := 20*len(rs) + 40
 	height := top + max(plotH, legendH) + bottom
 	var b strings.Builder
-	fmt.Fprintf(&b, `<text x="10" y="%d" font-size="15">%s</text>`+"\n", y0+22, html.EscapeString(title))
-	if st.TriggerEnd > st.TriggerStart {
-		fmt.Fprintf(&b, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="#f3d9d9"/><text x="%.1f" y="%d" fill="#a55">trigger</text>`+"\n",
-			x(st.TriggerStart), y0+top, x(st.TriggerEnd)-x(st.TriggerStart), plotH, x(st.TriggerStart)+3, y0+top+14)
-	}
-	// axes, ticks at round times and counts
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/><line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`+"\n",
-		left, y0+top+plotH, left+plotW, y0+top+plotH, left, y0+top, left, y0+top+plotH)
-	step := roundStep(span.Seconds(), 10)
-	for s := 0.0; s <= span.Seconds()+1e-9; s += step {
-		px := x(time.Duration(s * float64(time.Second)))
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#999"/><text x="%.1f" y="%d" text-anchor="middle" fill="#555">%gs</text>`+"\n",
-			px, y0+top+plotH, px, y0+top+plotH+4, px, y0+top+plotH+18, math.Round(s*1000)/1000)
-	}
-	vstep := roundStep(yTop, 5)
-	for v := 0.0; v <= yTop; v += vstep {
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end" fill="#555">%g</text>`+"\n", left-6, y(v)+4, v)
-	}
+	chartFrame(&b, title, st, y0, left, top, plotW, plotH, span, yTop, x, y)
 	if offered > 0 {
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#555" stroke-dasharray="4 4"/>`+"\n", left, y(offered), left+plotW, y(offered))
 	}
@@ -180,4 +163,27 @@ func roundStep(extent float64, n int) float64 {
 		}
 	}
 	return 10 * p
+}
+
+// chartFrame writes a time chart's title, its trigger shaded (when st has
+// one), its axes and their ticks: time along x over span, values up to
+// yTop along y; x and y map a time and a value to the drawing.
+func chartFrame(b *strings.Builder, title string, st *Steady, y0, left, top, plotW, plotH int, span time.Duration, yTop float64, x func(time.Duration) float64, y func(float64) float64) {
+	fmt.Fprintf(b, `<text x="10" y="%d" font-size="15">%s</text>`+"\n", y0+22, html.EscapeString(title))
+	if st != nil && st.TriggerEnd > st.TriggerStart {
+		fmt.Fprintf(b, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="#f3d9d9"/><text x="%.1f" y="%d" fill="#a55">trigger</text>`+"\n",
+			x(st.TriggerStart), y0+top, x(st.TriggerEnd)-x(st.TriggerStart), plotH, x(st.TriggerStart)+3, y0+top+14)
+	}
+	fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/><line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`+"\n",
+		left, y0+top+plotH, left+plotW, y0+top+plotH, left, y0+top, left, y0+top+plotH)
+	step := roundStep(span.Seconds(), 10)
+	for s := 0.0; s <= span.Seconds()+1e-9; s += step {
+		px := x(time.Duration(s * float64(time.Second)))
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#999"/><text x="%.1f" y="%d" text-anchor="middle" fill="#555">%gs</text>`+"\n",
+			px, y0+top+plotH, px, y0+top+plotH+4, px, y0+top+plotH+18, math.Round(s*1000)/1000)
+	}
+	vstep := roundStep(yTop, 5)
+	for v := 0.0; v <= yTop; v += vstep {
+		fmt.Fprintf(b, `<text x="%d" y="%.1f" text-anchor="end" fill="#555">%g</text>`+"\n", left-6, y(v)+4, v)
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"html"
 	"io"
-	"math"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -199,23 +198,7 @@ func meshSection(title string, rows []MeshSummary, y0 int) (string, int, int) {
 	legendH := 20*len(rows) + 40
 	height := top + max(plotH, legendH) + bottom
 	var b strings.Builder
-	fmt.Fprintf(&b, `<text x="10" y="%d" font-size="15">%s</text>`+"\n", y0+22, html.EscapeString(title))
-	if st != nil && st.TriggerEnd > st.TriggerStart {
-		fmt.Fprintf(&b, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="#f3d9d9"/><text x="%.1f" y="%d" fill="#a55">trigger</text>`+"\n",
-			x(st.TriggerStart), y0+top, x(st.TriggerEnd)-x(st.TriggerStart), plotH, x(st.TriggerStart)+3, y0+top+14)
-	}
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/><line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`+"\n",
-		left, y0+top+plotH, left+plotW, y0+top+plotH, left, y0+top, left, y0+top+plotH)
-	step := roundStep(span.Seconds(), 10)
-	for s := 0.0; s <= span.Seconds()+1e-9; s += step {
-		px := x(time.Duration(s * float64(time.Second)))
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#999"/><text x="%.1f" y="%d" text-anchor="middle" fill="#555">%gs</text>`+"\n",
-			px, y0+top+plotH, px, y0+top+plotH+4, px, y0+top+plotH+18, math.Round(s*1000)/1000)
-	}
-	vstep := roundStep(yTop, 5)
-	for v := 0.0; v <= yTop; v += vstep {
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end" fill="#555">%g</text>`+"\n", left-6, y(v)+4, v)
-	}
+	chartFrame(&b, title, st, y0, left, top, plotW, plotH, span, yTop, x, y)
 	fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#555" stroke-dasharray="4 4"/>`+"\n", left, y(1), left+plotW, y(1))
 	lx := left + plotW + 20
 	for i, r := range rows {
