@@ -69,7 +69,11 @@ const (
 // A call that failed with a code the policy does not retry, that was not
 // allowed to retry at all (a single attempt: NoRetry, MaxAttempts 1, a
 // half-open breaker's probe), that failed after it committed, or that the
-// caller cancelled, returns the attempt's error as it is.
+// caller cancelled, returns the attempt's error as it is; but a call
+// stopped by a server that says a layer below it gave up (GaveUpTrailerKey
+// of package mesh, beside a stopping pushback) returns a RetryError with
+// OutcomePushbackStop whatever its code and its attempts, so that a server
+// half above passes the "don't retry" on.
 type RetryError struct {
 	// Attempts is how many attempts were sent, the first included.
 	Attempts int

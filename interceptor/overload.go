@@ -126,7 +126,8 @@ func attemptDoneAfter(ctl *pacing.Controller, err error, clk clock, sent time.Ti
 // (both zero: sent while calm). One that ended because the call's deadline
 // passed while it was in flight (not its own PerAttemptTimeout) tells the
 // controller how long it waited in the line and how much time it had left
-// when it went out ([pacing.Controller.TimedOut]).
+// when it went out ([pacing.Controller.TimedOut]). One that a layer below
+// gave up on, and said so (judgedBelow), says nothing.
 //
 // An answer to an attempt sent while calm, nearly every call's, goes to the
 // controller first, as attemptDoneAfter would send it: the calls below it
@@ -134,6 +135,10 @@ func attemptDoneAfter(ctl *pacing.Controller, err error, clk clock, sent time.Ti
 func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd, clk clock, asked, sent time.Time) {
 	if end.err == nil && sent.IsZero() {
 		ctl.AnsweredSentCalm()
+		return
+	}
+	if end.err != nil && judgedBelow(end.trailer) {
+		ctl.Done(pacing.Ignored)
 		return
 	}
 	if timedOutIn(ctx, ctl, end.err, end.timedOut, asked, sent) {

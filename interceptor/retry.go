@@ -81,10 +81,14 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 		bs.throttleFailure() // gRPC counts a refused pushback as a failure, whatever the code
 		below := gaveUpBelow(e.trailer)
 		switch {
+		case below:
+			// A layer below gave up: this call gives up too, whatever
+			// the code, and says so (a *RetryError), so that a server
+			// half above passes the "don't retry" on.
 		case !retryable:
-			return decision{outcome: OutcomeNotRetryable, err: e.err, gaveUpBelow: below}
+			return decision{outcome: OutcomeNotRetryable, err: e.err}
 		case maxAttempts <= 1:
-			return decision{outcome: OutcomePushbackStop, err: e.err, gaveUpBelow: below}
+			return decision{outcome: OutcomePushbackStop, err: e.err}
 		}
 		d := stop(OutcomePushbackStop, e.n, e.err)
 		d.gaveUpBelow = below
@@ -233,6 +237,20 @@ func contextOutcome(err error) Outcome {
 // also says that a layer below gave up (the herdguard-gave-up trailer): the breaker
 // does not count such a call.
 func gaveUpBelow(md metadata.MD) bool { return len(md.Get(wire.GaveUpKey)) > 0 }
+
+// judgedBelow reports whether a failed attempt's trailer says "do not
+// retry" because a layer below gave up (gaveUpBelow beside a stopping
+// pushback): the server answered, and the protection of the layer below
+// acted. It says nothing of this target's load, and the overload
+// controller does not count it: pacing here too would hold back, on the
+// evidence of another layer's, calls the layer below already paces.
+func judgedBelow(md metadata.MD) bool {
+	if !gaveUpBelow(md) {
+		return false
+	}
+	_, ok, present := pushback(md)
+	return present && !ok
+}
 
 // pushback reads the server's retry pushback from a trailer. present is
 // false when there is none; ok is false when it says not to retry.

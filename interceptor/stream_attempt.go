@@ -48,6 +48,9 @@ type streamAttempt struct {
 	// not the server's: a SendMsg that gRPC or a later interceptor refused.
 	// Guarded by the stream's mu.
 	clientErr bool
+	// judgedBelow is true when its trailer said a layer below gave up
+	// (judgedBelow). Guarded by the stream's mu.
+	judgedBelow bool
 
 	// recvMu serialises RecvMsg on cs until the stream commits, so that a
 	// SendMsg or Header that found the attempt over can learn how it ended
@@ -189,6 +192,7 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 			end.headers = md != nil
 			if !end.headers {
 				end.trailer = a.cs.Trailer()
+				a.judgedBelow = end.err != nil && judgedBelow(end.trailer)
 			}
 		}
 		if end.headers {

@@ -12,6 +12,7 @@ import (
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/interceptor"
 	"github.com/herdguard/herdguard/mesh"
+	"github.com/herdguard/herdguard/overload"
 	"github.com/herdguard/herdguard/policy"
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
@@ -66,6 +67,55 @@ func TestUpperBreakerIgnoresGiveUpsBelow(t *testing.T) {
 				if got := open > 0; got != tt.wantOpen {
 					t.Errorf("%s: %d of 6 calls refused by the breaker above, want the breaker open: %v", kind, open, tt.wantOpen)
 				}
+			}
+		})
+	}
+}
+
+// TestUpperOverloadIgnoresGiveUpsBelow: a layer above a tier whose calls
+// below give up does not take the tier's "don't retry" answers for
+// overload, unary or stream: its controller never sheds, where the
+// control, the same tier without the package, soon has the same
+// controller shed.
+func TestUpperOverloadIgnoresGiveUpsBelow(t *testing.T) {
+	shedWithin := func(t *testing.T, kind string, withMesh bool, calls int) (shed, made int) {
+		l := &leaf{answer: unavailable, stream: func(grpc.ServerStreamingServer[demov1.ListChargesResponse], int64) error {
+			return unavailable(context.Background(), 0)
+		}}
+		below := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+		dopts, sopts := below.DialOptions(), []grpc.ServerOption(nil)
+		if withMesh {
+			dopts, sopts = mesh.DialOptions(below), mesh.ServerOptions()
+		}
+		mid := serve(t, &tier{next: dial(t, serve(t, l), dopts...)}, sopts...)
+		above := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(),
+			interceptor.WithOverloadControl(overload.Settings{Interval: 10 * time.Millisecond, MinFailures: 2}))
+		user := dial(t, mid, above.DialOptions()...)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		for made < calls && ctx.Err() == nil {
+			err := callOnce(ctx, user, kind)
+			made++
+			var re *interceptor.RetryError
+			if errors.As(err, &re) && re.Outcome == interceptor.OutcomeShed {
+				shed++
+				if !withMesh {
+					return shed, made
+				}
+			}
+			time.Sleep(time.Millisecond) // a call per millisecond, so that intervals pass
+		}
+		return shed, made
+	}
+	for _, kind := range []string{"unary", "stream"} {
+		t.Run(kind, func(t *testing.T) {
+			shed, made := shedWithin(t, kind, false, 1<<20)
+			if shed == 0 {
+				t.Fatalf("control: no call shed in %d calls within 20 s through a tier that fails every one", made)
+			}
+			n := max(2*made, 300)
+			if shed, made := shedWithin(t, kind, true, n); shed != 0 || made != n {
+				t.Errorf("with the package: %d of %d calls shed by the controller above (of %d asked), want none", shed, made, n)
 			}
 		})
 	}
