@@ -11,15 +11,15 @@ import (
 	"github.com/herdguard/herdguard/interceptor"
 )
 
-// DialOptions returns the client half's interceptors followed by ic's
-// DialOptions, for the connections a server's handlers call through:
-// grpc.NewClient(target, mesh.DialOptions(ic)...). The client half runs
-// once per call, outside herdguard's retries, so that it sees how the call
-// ended.
-func DialOptions(ic *interceptor.Interceptor) []grpc.DialOption {
+// DialOptions returns the client half's interceptors, configured by opts,
+// followed by ic's DialOptions, for the connections a server's handlers
+// call through: grpc.NewClient(target, mesh.DialOptions(ic)...). The
+// client half runs once per call, outside herdguard's retries, so that it
+// sees how the call ended.
+func DialOptions(ic *interceptor.Interceptor, opts ...Option) []grpc.DialOption {
 	return append([]grpc.DialOption{
-		grpc.WithChainUnaryInterceptor(UnaryClientInterceptor()),
-		grpc.WithChainStreamInterceptor(StreamClientInterceptor()),
+		grpc.WithChainUnaryInterceptor(UnaryClientInterceptor(opts...)),
+		grpc.WithChainStreamInterceptor(StreamClientInterceptor(opts...)),
 	}, ic.DialOptions()...)
 }
 
@@ -28,30 +28,39 @@ func DialOptions(ic *interceptor.Interceptor) []grpc.DialOption {
 //
 // A call made while serving a request that is a retry, or that arrived with
 // RetriesBelowKey "0", is sent once (interceptor.NoRetry) and carries
-// RetriesBelowKey "0" on. A call that gives up makes the request answer
+// RetriesBelowKey "0" on. A call made while serving a request with a
+// deadline is sent with that deadline less a reserve (WithDeadlineReserve).
+// A call that gives up, or runs out of that time, makes the request answer
 // "don't retry" (see package doc).
-func UnaryClientInterceptor() grpc.UnaryClientInterceptor {
+func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
+	c := newConfig(opts)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		served := ctx
 		limited := retriedAbove(ctx)
 		if limited {
 			ctx = metadata.AppendToOutgoingContext(ctx, RetriesBelowKey, "0")
 			opts = append(opts[:len(opts):len(opts)], interceptor.NoRetry())
 		}
+		ctx, cancel, cut := c.below(ctx)
 		err := invoker(ctx, method, req, reply, cc, opts...)
 		if err != nil {
-			err = gaveUp(ctx, err, limited)
+			err = gaveUp(served, err, limited, cut && outOfTime(served, ctx, err))
 		}
+		cancel()
 		return err
 	}
 }
 
 // gaveUp signals "don't retry" on the request being served if err says
-// the call below gave up, or, for a call limited to one attempt by a retry
-// above, if its failure would have been retried; it returns err, marked as
-// signalled when it did.
-func gaveUp(ctx context.Context, err error, limited bool) error {
+// the call below gave up or ran out of the time the reserve left it
+// (late), or, for a call limited to one attempt by a retry above, if its
+// failure would have been retried; it returns err, marked as signalled
+// when it did.
+func gaveUp(ctx context.Context, err error, limited, late bool) error {
 	outcome, ok := GaveUp(err)
 	switch {
+	case late:
+		signal(ctx, string(interceptor.OutcomeDeadline))
 	case ok && !limited:
 		signal(ctx, string(outcome))
 	case limited && retryableAbove(ctx, err):
@@ -66,18 +75,23 @@ func gaveUp(ctx context.Context, err error, limited bool) error {
 // UnaryClientInterceptor. A stream limited to one attempt that fails after
 // it has received a message is not counted as given up: it had committed,
 // and herdguard would not have retried it either.
-func StreamClientInterceptor() grpc.StreamClientInterceptor {
+func StreamClientInterceptor(opts ...Option) grpc.StreamClientInterceptor {
+	c := newConfig(opts)
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		served := ctx
 		limited := retriedAbove(ctx)
 		if limited {
 			ctx = metadata.AppendToOutgoingContext(ctx, RetriesBelowKey, "0")
 			opts = append(opts[:len(opts):len(opts)], interceptor.NoRetry())
 		}
+		ctx, cancel, cut := c.below(ctx)
 		cs, err := streamer(ctx, desc, cc, method, opts...)
 		if err != nil {
-			return nil, gaveUp(ctx, err, limited)
+			err = gaveUp(served, err, limited, cut && outOfTime(served, ctx, err))
+			cancel()
+			return nil, err
 		}
-		return &clientStream{ClientStream: cs, served: ctx, limited: limited}, nil
+		return &clientStream{ClientStream: cs, served: served, call: ctx, cut: cut, cancel: cancel, limited: limited}, nil
 	}
 }
 
@@ -85,6 +99,9 @@ func StreamClientInterceptor() grpc.StreamClientInterceptor {
 type clientStream struct {
 	grpc.ClientStream
 	served  context.Context // the request being served, if any
+	call    context.Context // the stream's own: served, or cut short by the reserve
+	cut     bool
+	cancel  context.CancelFunc // ends call once the stream has ended
 	limited bool
 
 	mu       sync.Mutex
@@ -102,11 +119,13 @@ func (s *clientStream) judge(err error) error {
 		return err
 	}
 	s.done = true
-	return gaveUp(s.served, err, s.limited && !s.received)
+	return gaveUp(s.served, err, s.limited && !s.received, s.cut && outOfTime(s.served, s.call, err))
 }
 
 func (s *clientStream) SendMsg(m any) error { return s.judge(s.ClientStream.SendMsg(m)) }
 
+// RecvMsg judges the stream's end, then releases the reserve's context: a
+// RecvMsg that fails has ended the stream.
 func (s *clientStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	if err == nil {
@@ -115,7 +134,9 @@ func (s *clientStream) RecvMsg(m any) error {
 		s.mu.Unlock()
 		return nil
 	}
-	return s.judge(err)
+	err = s.judge(err)
+	s.cancel()
+	return err
 }
 
 func (s *clientStream) CloseSend() error { return s.judge(s.ClientStream.CloseSend()) }

@@ -13,6 +13,17 @@
 //     gRPC's built-in retry in every language honour (gRFC A6), and with a
 //     herdguard-gave-up trailer naming the outcome. The handler's status
 //     code is kept as it is.
+//   - A call made while serving a request with a deadline is sent with that
+//     deadline less a reserve (WithDeadlineReserve; by default a twentieth
+//     of the time left, at most 10 ms). A call below that runs out of time
+//     then ends first, and the request answers its caller in time, with
+//     "don't retry" and herdguard-gave-up "deadline", where gRPC's
+//     propagation alone has every layer time out at once, each calling the
+//     timeout its own.
+//   - A herdguard client stopped by such an answer gives up too, whatever
+//     the code (a RetryError with OutcomePushbackStop), so that its own
+//     server half passes the signal on; and neither its breaker nor its
+//     overload controller counts the call: the layer below judged.
 //   - A request that is itself a retry or a hedge (grpc-previous-rpc-attempts,
 //     herdguard-attempt or x-retry-attempt in its metadata), or that arrived
 //     with herdguard-retries-below: 0, makes one attempt per call below, and
@@ -29,5 +40,6 @@
 // Handlers must make their calls with the request's context (or one derived
 // from it), as they must for its deadline to propagate. A request whose
 // downstream calls succeed is served exactly as without the package; the
-// server interceptors allocate nothing on that path.
+// server interceptors allocate nothing on that path; the client half
+// allocates the reserve's context for each call below.
 package mesh

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -81,4 +82,60 @@ func Example() {
 	// Unavailable
 	// grpc-retry-pushback-ms: [-1]
 	// herdguard-gave-up: [exhausted]
+}
+
+// hangingLeaf answers no charge before its deadline.
+type hangingLeaf struct {
+	demov1.UnimplementedGatewayServiceServer
+}
+
+func (hangingLeaf) Charge(ctx context.Context, _ *demov1.ChargeRequest) (*demov1.ChargeResponse, error) {
+	<-ctx.Done()
+	return nil, status.FromContextError(ctx.Err()).Err()
+}
+
+// A tier keeps back part of its request's deadline for the answer: its
+// call below runs out of time first, and the tier still answers in time,
+// saying why, where gRPC's propagation alone times every layer out at
+// once.
+func ExampleWithDeadlineReserve() {
+	leafLis, _ := net.Listen("tcp", "127.0.0.1:0")
+	leaf := grpc.NewServer()
+	demov1.RegisterGatewayServiceServer(leaf, hangingLeaf{})
+	go leaf.Serve(leafLis)
+	defer leaf.Stop()
+
+	ic, err := interceptor.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	dopts := mesh.DialOptions(ic, mesh.WithDeadlineReserve(100*time.Millisecond))
+	cc, err := grpc.NewClient(leafLis.Addr().String(), append(dopts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cc.Close()
+	tierLis, _ := net.Listen("tcp", "127.0.0.1:0")
+	tier := grpc.NewServer(mesh.ServerOptions()...)
+	demov1.RegisterGatewayServiceServer(tier, forward{next: demov1.NewGatewayServiceClient(cc)})
+	go tier.Serve(tierLis)
+	defer tier.Stop()
+
+	user, err := grpc.NewClient(tierLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer user.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	var trailer metadata.MD
+	_, err = demov1.NewGatewayServiceClient(user).Charge(ctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
+	fmt.Println(status.Code(err), "before the caller's deadline:", ctx.Err() == nil)
+	fmt.Println("herdguard-gave-up:", trailer.Get(mesh.GaveUpTrailerKey))
+	// Output:
+	// DeadlineExceeded before the caller's deadline: true
+	// herdguard-gave-up: [deadline]
 }

@@ -19,9 +19,11 @@ const (
 	// GaveUpTrailerKey is the trailer that says which give-up made the
 	// answer "don't retry": its value is the outcome of the call below that
 	// gave up ("exhausted", "shed", "breaker_open", "pushback_stop",
-	// "budget_exhausted"), or OutcomeRetriedAbove.
-	// A herdguard client stopped by it does not count the call against its
-	// breaker: the layer below judged.
+	// "budget_exhausted"), "deadline" for one that ran out of the time the
+	// deadline reserve left it, or OutcomeRetriedAbove.
+	// A herdguard client stopped by it gives up with OutcomePushbackStop,
+	// and counts the call against neither its breaker nor its overload
+	// controller: the layer below judged.
 	GaveUpTrailerKey = wire.GaveUpKey
 	// AttemptMetadataKey is the request metadata by which herdguard's
 	// client marks every retry with its attempt number ("2", "3", ...);

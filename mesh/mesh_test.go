@@ -36,6 +36,7 @@ func TestTrailerOnEveryGiveUp(t *testing.T) {
 		name   string
 		answer func(ctx context.Context, n int64) error
 		opts   []interceptor.Option
+		mopts  []mesh.Option // the client half's
 		wrap   func(error) error
 		// prime calls are made first, through the same middle tier.
 		prime    int
@@ -67,7 +68,10 @@ func TestTrailerOnEveryGiveUp(t *testing.T) {
 			code: codes.InvalidArgument, attempts: 1},
 		{name: "a retry above, not retryable", answer: func(context.Context, int64) error { return status.Error(codes.InvalidArgument, "leaf: bad amount") },
 			incoming: metadata.Pairs("herdguard-attempt", "2"), code: codes.InvalidArgument, attempts: 1},
-		{name: "deadline", answer: hang, timeout: 100 * time.Millisecond, code: codes.DeadlineExceeded, attempts: 1},
+		{name: "out of time: the reserve", answer: hang, mopts: []mesh.Option{mesh.WithDeadlineReserve(200 * time.Millisecond)},
+			timeout: time.Second, code: codes.DeadlineExceeded, gaveUp: "deadline", attempts: 1},
+		{name: "deadline, no reserve", answer: hang, mopts: []mesh.Option{mesh.WithDeadlineReserve(0)},
+			timeout: 100 * time.Millisecond, code: codes.DeadlineExceeded, attempts: 1},
 		{name: "failed after commit", answer: func(ctx context.Context, _ int64) error {
 			_ = grpc.SendHeader(ctx, metadata.Pairs("leaf", "committed"))
 			return status.Error(codes.Unavailable, "leaf: failed after headers")
@@ -83,7 +87,7 @@ func TestTrailerOnEveryGiveUp(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			l := &leaf{answer: tt.answer}
 			opts := append([]interceptor.Option{interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl()}, tt.opts...)
-			mid := &tier{next: dial(t, serve(t, l), mesh.DialOptions(herdguard(t, opts...))...), wrap: tt.wrap}
+			mid := &tier{next: dial(t, serve(t, l), mesh.DialOptions(herdguard(t, opts...), tt.mopts...)...), wrap: tt.wrap}
 			user := plain(t, serve(t, mid, mesh.ServerOptions()...))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()

@@ -26,13 +26,13 @@ type chain struct {
 	leaf             *leaf
 }
 
-func newChain(t *testing.T, withMesh bool, answer func(context.Context, int64) error) *chain {
+func newChain(t *testing.T, withMesh bool, answer func(context.Context, int64) error, mopts ...mesh.Option) *chain {
 	t.Helper()
 	c := &chain{leaf: &leaf{answer: answer}}
 	hop := func(addr string) demov1.GatewayServiceClient {
 		ic := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
 		if withMesh {
-			return dial(t, addr, mesh.DialOptions(ic)...)
+			return dial(t, addr, mesh.DialOptions(ic, mopts...)...)
 		}
 		return dial(t, addr, ic.DialOptions()...)
 	}
@@ -129,5 +129,54 @@ func TestRetryAboveLimitsEveryLayerBelow(t *testing.T) {
 	seen := c.leaf.seen()
 	if v := seen[len(seen)-1].Get(mesh.RetriesBelowKey); len(v) != 1 || v[0] != "0" {
 		t.Errorf("the leaf saw %s %v, want [0] passed on from the gateway", mesh.RetriesBelowKey, v)
+	}
+}
+
+// TestReserveAnswersInTime: a leaf that hangs until its deadline, below a
+// depth-3 chain whose tiers keep back 100 ms each. The service's call to
+// the leaf runs out of time first, at least two reserves before the
+// user's deadline, and the user's call ends before its deadline, saying
+// "don't retry" because a layer below gave up. Without the package the
+// leaf has the user's deadline, and the user's own deadline ends the call
+// with no trailer.
+func TestReserveAnswersInTime(t *testing.T) {
+	const timeout, reserve = 2 * time.Second, 100 * time.Millisecond
+	for _, tt := range []struct {
+		name     string
+		withMesh bool
+		gaveUp   string
+	}{{"without the package", false, ""}, {"with it", true, string(interceptor.OutcomePushbackStop)}} {
+		t.Run(tt.name, func(t *testing.T) {
+			dls := make(chan time.Time, 1)
+			c := newChain(t, tt.withMesh, func(ctx context.Context, _ int64) error {
+				dl, _ := ctx.Deadline()
+				dls <- dl
+				<-ctx.Done()
+				return status.FromContextError(ctx.Err()).Err()
+			}, mesh.WithDeadlineReserve(reserve))
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			userDL, _ := ctx.Deadline()
+			var trailer metadata.MD
+			_, err := c.user.Charge(ctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
+			ended := time.Now()
+			if status.Code(err) != codes.DeadlineExceeded {
+				t.Fatalf("call to a hanging leaf: %v, want DeadlineExceeded", err)
+			}
+			checkTrailer(t, trailer, tt.gaveUp)
+			leafDL := <-dls
+			// Two reserves less the transit, or gRPC's propagation alone
+			// (the transit only: less than half a reserve either way).
+			early := userDL.Sub(leafDL)
+			if tt.withMesh && early < 3*reserve/2 || !tt.withMesh && (early > reserve/2 || early < -reserve/2) {
+				t.Errorf("the leaf's deadline is %v before the user's, want about %v", early, map[bool]time.Duration{true: 2 * reserve}[tt.withMesh])
+			}
+			if tt.withMesh && !ended.Before(userDL) {
+				t.Errorf("the call ended %v after the user's deadline, want before it", ended.Sub(userDL))
+			}
+			if l := c.leaf.attempts.Load(); l != 1 {
+				t.Errorf("the leaf received %d attempts, want 1: an attempt that ran out of time is not retried", l)
+			}
+		})
 	}
 }

@@ -1,0 +1,77 @@
+package mesh
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Option configures the client half.
+type Option func(*config)
+
+// config is the client half's configuration; its zero value is the
+// defaults.
+type config struct {
+	reserve    time.Duration // a fixed reserve, when set
+	reserveSet bool
+}
+
+// Default deadline reserve: a twentieth of the time the request has left,
+// at most maxReserve. It has to cover the way back up, one hop's transit
+// and its handler's return; more would cost a call below time that it
+// might have used to succeed.
+const (
+	reserveShare = 20
+	maxReserve   = 10 * time.Millisecond
+)
+
+// WithDeadlineReserve sets the time the client half keeps back from the
+// request's deadline for the calls below: they are sent with the request's
+// deadline less d, so that a call below that runs out of time ends before
+// the request does, and the request still answers its caller in time,
+// saying why. d of 0 or less sends them with the request's own deadline,
+// as gRPC's propagation alone does. The default keeps back a twentieth of
+// the time left, at most 10 ms.
+func WithDeadlineReserve(d time.Duration) Option {
+	return func(c *config) { c.reserve, c.reserveSet = max(d, 0), true }
+}
+
+func newConfig(opts []Option) config {
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
+}
+
+// below returns the context of a call made while serving the request ctx:
+// ctx itself, or, when the request has a deadline and the reserve is not
+// off, a context that ends the reserve before it (cut is then true, and
+// cancel must be called once the call is over).
+func (c config) below(ctx context.Context) (callCtx context.Context, cancel context.CancelFunc, cut bool) {
+	dl, ok := ctx.Deadline()
+	if !ok || c.reserveSet && c.reserve == 0 || grpc.ServerTransportStreamFromContext(ctx) == nil {
+		return ctx, func() {}, false
+	}
+	reserve := c.reserve
+	if !c.reserveSet {
+		reserve = min(time.Until(dl)/reserveShare, maxReserve)
+	}
+	if reserve <= 0 {
+		return ctx, func() {}, false
+	}
+	callCtx, cancel = context.WithDeadline(ctx, dl.Add(-reserve))
+	return callCtx, cancel, true
+}
+
+// outOfTime reports whether a call below, made with callCtx, failed with
+// err because the reserve cut its time short: its own deadline passed
+// while the request being served (ctx) is still alive. The request then
+// answers in time, and says the call below gave up: GaveUpTrailerKey
+// interceptor.OutcomeDeadline.
+func outOfTime(ctx, callCtx context.Context, err error) bool {
+	return ctx.Err() == nil && callCtx.Err() == context.DeadlineExceeded && status.Code(err) == codes.DeadlineExceeded
+}

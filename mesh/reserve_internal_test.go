@@ -1,0 +1,79 @@
+package mesh
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+)
+
+// served is the transport stream of a request being served, as far as
+// config.below looks: that there is one.
+type served struct{}
+
+func (served) Method() string               { return "/herdguard.demo.v1.GatewayService/Charge" }
+func (served) SetHeader(metadata.MD) error  { return nil }
+func (served) SendHeader(metadata.MD) error { return nil }
+func (served) SetTrailer(metadata.MD) error { return nil }
+
+var _ grpc.ServerTransportStream = served{}
+
+// TestReserve: the deadline a call below is sent with, for each reserve
+// and each request: a twentieth of the time left by default, at most
+// 10 ms; a fixed one when set; none when it is off, when the request has
+// no deadline, or when the call is not made while serving one.
+func TestReserve(t *testing.T) {
+	tests := []struct {
+		name    string
+		opts    []Option
+		left    time.Duration // 0: no deadline
+		serving bool
+		cut     time.Duration // how much earlier the call's deadline is; -1: not cut
+	}{
+		{name: "default, 1 s left", left: time.Second, serving: true, cut: 10 * time.Millisecond},
+		{name: "default, 100 ms left", left: 100 * time.Millisecond, serving: true, cut: 5 * time.Millisecond},
+		{name: "default, 1 min left", left: time.Minute, serving: true, cut: 10 * time.Millisecond},
+		{name: "fixed", opts: []Option{WithDeadlineReserve(30 * time.Millisecond)}, left: time.Second, serving: true, cut: 30 * time.Millisecond},
+		{name: "off", opts: []Option{WithDeadlineReserve(0)}, left: time.Second, serving: true, cut: -1},
+		{name: "negative: off", opts: []Option{WithDeadlineReserve(-time.Second)}, left: time.Second, serving: true, cut: -1},
+		{name: "no deadline", serving: true, cut: -1},
+		{name: "not serving a request", left: time.Second, cut: -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			if tt.serving {
+				ctx = grpc.NewContextWithServerTransportStream(ctx, served{})
+			}
+			if tt.left > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tt.left)
+				defer cancel()
+			}
+			callCtx, cancel, cut := newConfig(tt.opts).below(ctx)
+			defer cancel()
+			if cut != (tt.cut >= 0) {
+				t.Fatalf("cut %v, want %v", cut, tt.cut >= 0)
+			}
+			if !cut {
+				if callCtx != ctx {
+					t.Error("the call's context is not the request's")
+				}
+				return
+			}
+			dl, _ := ctx.Deadline()
+			callDL, _ := callCtx.Deadline()
+			// The default reads the clock once more: allow a millisecond's
+			// share of the time that passed in between.
+			if got := dl.Sub(callDL); got > tt.cut || got < tt.cut-time.Millisecond {
+				t.Errorf("the call's deadline is %v before the request's, want %v", got, tt.cut)
+			}
+			cancel()
+			if callCtx.Err() == nil || ctx.Err() != nil {
+				t.Error("cancel did not end the call's context alone")
+			}
+		})
+	}
+}
