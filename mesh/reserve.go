@@ -68,10 +68,21 @@ func (c config) below(ctx context.Context) (callCtx context.Context, cancel cont
 }
 
 // outOfTime reports whether a call below, made with callCtx, failed with
-// err because the reserve cut its time short: its own deadline passed
-// while the request being served (ctx) is still alive. The request then
-// answers in time, and says the call below gave up: GaveUpTrailerKey
-// interceptor.OutcomeDeadline.
+// err because the reserve cut its time short: a DeadlineExceeded once its
+// own deadline passed, or within a tenth of the reserve of it, while the
+// request being served (ctx) is still alive. The margin is for the server
+// below, whose copy of the deadline can end a hair before this client's
+// timer fires: its DeadlineExceeded is the same running out of time. The
+// request then answers in time, and says the call below gave up:
+// GaveUpTrailerKey interceptor.OutcomeDeadline.
 func outOfTime(ctx, callCtx context.Context, err error) bool {
-	return ctx.Err() == nil && callCtx.Err() == context.DeadlineExceeded && status.Code(err) == codes.DeadlineExceeded
+	if ctx.Err() != nil || status.Code(err) != codes.DeadlineExceeded {
+		return false
+	}
+	if callCtx.Err() == context.DeadlineExceeded {
+		return true
+	}
+	dl, _ := ctx.Deadline()
+	callDL, _ := callCtx.Deadline()
+	return time.Until(callDL) < dl.Sub(callDL)/10
 }

@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // served is the transport stream of a request being served, as far as
@@ -73,6 +75,42 @@ func TestReserve(t *testing.T) {
 			cancel()
 			if callCtx.Err() == nil || ctx.Err() != nil {
 				t.Error("cancel did not end the call's context alone")
+			}
+		})
+	}
+}
+
+// TestOutOfTime: a call below ran out of the time the reserve left it when
+// it failed with DeadlineExceeded at its deadline, or so near it that the
+// server below's copy ended first (within a tenth of the reserve), while
+// the request being served still has time; not otherwise.
+func TestOutOfTime(t *testing.T) {
+	deadline := status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+	tests := []struct {
+		name          string
+		left, reserve time.Duration // the request's time left; its reserve
+		cancelServed  bool
+		err           error
+		want          bool
+	}{
+		{name: "the call's deadline passed", left: 5 * time.Millisecond, reserve: time.Hour, err: deadline, want: true},
+		{name: "a server below ended first, near the deadline", left: 102 * time.Millisecond, reserve: 100 * time.Millisecond, err: deadline, want: true},
+		{name: "far from the deadline", left: time.Second, reserve: 100 * time.Millisecond, err: deadline},
+		{name: "another code", left: 5 * time.Millisecond, reserve: time.Hour, err: status.Error(codes.Unavailable, "down")},
+		{name: "the request is over", left: 5 * time.Millisecond, reserve: time.Hour, cancelServed: true, err: deadline},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			served, cancel := context.WithTimeout(context.Background(), tt.left)
+			defer cancel()
+			dl, _ := served.Deadline()
+			call, cancelCall := context.WithDeadline(served, dl.Add(-tt.reserve))
+			defer cancelCall()
+			if tt.cancelServed {
+				cancel()
+			}
+			if got := outOfTime(served, call, tt.err); got != tt.want {
+				t.Errorf("outOfTime = %v, want %v", got, tt.want)
 			}
 		})
 	}
