@@ -240,7 +240,11 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 	won := h.winner == a && err == nil
 	h.mu.Unlock()
 	a.cancel()
-	if c.ctl != nil && a.live { // one never sent says nothing of the load
+	switch {
+	case c.ctl == nil || !a.live: // one never sent says nothing of the load
+	case err != nil && judgedBelow(*a.trailer): // nor one a layer below gave up on
+		c.ctl.Done(pacing.Ignored)
+	default:
 		attemptDoneAfter(c.ctl, err, c.ic.clock, a.start)
 	}
 

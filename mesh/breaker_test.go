@@ -74,11 +74,11 @@ func TestUpperBreakerIgnoresGiveUpsBelow(t *testing.T) {
 
 // TestUpperOverloadIgnoresGiveUpsBelow: a layer above a tier whose calls
 // below give up does not take the tier's "don't retry" answers for
-// overload, unary or stream: its controller never sheds, where the
+// overload, unary or stream, retried or hedged: its controller never sheds, where the
 // control, the same tier without the package, soon has the same
 // controller shed.
 func TestUpperOverloadIgnoresGiveUpsBelow(t *testing.T) {
-	shedWithin := func(t *testing.T, kind string, withMesh bool, calls int) (shed, made int) {
+	shedWithin := func(t *testing.T, kind string, p policy.Policy, withMesh bool, calls int) (shed, made int) {
 		l := &leaf{answer: unavailable, stream: func(grpc.ServerStreamingServer[demov1.ListChargesResponse], int64) error {
 			return unavailable(context.Background(), 0)
 		}}
@@ -88,7 +88,7 @@ func TestUpperOverloadIgnoresGiveUpsBelow(t *testing.T) {
 			dopts, sopts = mesh.DialOptions(below), mesh.ServerOptions()
 		}
 		mid := serve(t, &tier{next: dial(t, serve(t, l), dopts...)}, sopts...)
-		above := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(),
+		above := herdguard(t, interceptor.WithPolicy(p), interceptor.WithoutBreaker(),
 			interceptor.WithOverloadControl(overload.Settings{Interval: 10 * time.Millisecond, MinFailures: 2}))
 		user := dial(t, mid, above.DialOptions()...)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -107,14 +107,19 @@ func TestUpperOverloadIgnoresGiveUpsBelow(t *testing.T) {
 		}
 		return shed, made
 	}
-	for _, kind := range []string{"unary", "stream"} {
-		t.Run(kind, func(t *testing.T) {
-			shed, made := shedWithin(t, kind, false, 1<<20)
+	hedged := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour, NonFatalCodes: []codes.Code{codes.Unavailable}}}
+	for _, c := range []struct {
+		name, kind string
+		p          policy.Policy
+	}{{"unary", "unary", fast(3)}, {"stream", "stream", fast(3)}, {"unary, hedged", "unary", hedged}, {"stream, hedged", "stream", hedged}} {
+		kind := c.kind
+		t.Run(c.name, func(t *testing.T) {
+			shed, made := shedWithin(t, kind, c.p, false, 1<<20)
 			if shed == 0 {
 				t.Fatalf("control: no call shed in %d calls within 20 s through a tier that fails every one", made)
 			}
 			n := max(2*made, 300)
-			if shed, made := shedWithin(t, kind, true, n); shed != 0 || made != n {
+			if shed, made := shedWithin(t, kind, c.p, true, n); shed != 0 || made != n {
 				t.Errorf("with the package: %d of %d calls shed by the controller above (of %d asked), want none", shed, made, n)
 			}
 		})
