@@ -141,7 +141,7 @@ func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd,
 		ctl.Done(pacing.Ignored)
 		return
 	}
-	if timedOutIn(ctx, ctl, end.err, end.timedOut, asked, sent) {
+	if timedOutIn(ctx, ctl, end.err, end.timedOut, asked, sent, clk) {
 		return
 	}
 	attemptDoneAfter(ctl, end.err, clk, sent)
@@ -155,17 +155,32 @@ func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd,
 // DeadlineExceeded. It then tells the controller how long the attempt
 // waited in the line and how much time it had left when it went out
 // ([pacing.Controller.TimedOut]); otherwise it tells nothing.
-func timedOutIn(ctx context.Context, ctl *pacing.Controller, err error, perAttempt bool, asked, sent time.Time) bool {
+//
+// The deadline has passed when the context says so, or when clk reads
+// within deadlineSlack of it: the server holds its own copy of the
+// deadline, and under load its timer can fire, and its DeadlineExceeded
+// arrive, before the context's own timer has run. Taken for the server's
+// own time-out (Late), such an answer to a caller the line sent at the
+// edge of its deadline cut the rate of a line that drained, and the
+// callers behind it ran out of time in the line.
+func timedOutIn(ctx context.Context, ctl *pacing.Controller, err error, perAttempt bool, asked, sent time.Time, clk clock) bool {
 	if sent.IsZero() || perAttempt || status.Code(err) != codes.DeadlineExceeded {
 		return false
 	}
 	dl, ok := ctx.Deadline()
-	if !ok || ctx.Err() != context.DeadlineExceeded {
+	if !ok || ctx.Err() != context.DeadlineExceeded && dl.Sub(clk.Now()) > deadlineSlack {
 		return false
 	}
 	ctl.TimedOut(sent.Sub(asked), dl.Sub(sent))
 	return true
 }
+
+// deadlineSlack is how close to the caller's deadline a DeadlineExceeded
+// must come to be the caller's deadline rather than the server's own
+// time-out: the server's copy of the deadline is a transit later than the
+// caller's, less the rounding of grpc-timeout (under a microsecond), so
+// it fires first only when the caller's timer runs late.
+const deadlineSlack = time.Millisecond
 
 // attemptDone tells the controller (nil: none) how an attempt ended.
 func attemptDone(ctl *pacing.Controller, err error) {

@@ -615,6 +615,11 @@ func TestOverloadNeverSentSaysNothing(t *testing.T) {
 // deadlines). One that timed out with its time ahead of it is, and so is
 // one that ran out of its own PerAttemptTimeout: the restarted rate
 // collapses to a probe.
+//
+// The server's DeadlineExceeded may come before the context's own timer
+// has run (live): within a millisecond of the deadline it is the caller's
+// deadline all the same; with more time left it is the server's own
+// time-out.
 func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
 	defer cancel()
@@ -623,12 +628,18 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 		name       string
 		held, left time.Duration
 		perAttempt bool
-		collapse   bool
+		// live: the context's timer has not run yet, and the answer
+		// comes after the attempt (sent with left) was out for inFlight.
+		live     bool
+		inFlight time.Duration
+		collapse bool
 	}{
-		{"with its time ahead", 10 * time.Millisecond, time.Second, false, true},
-		{"held as long as it had left", 300 * time.Millisecond, 300 * time.Millisecond, false, true},
-		{"held past its time", 1900 * time.Millisecond, 100 * time.Millisecond, false, false},
-		{"its own per-attempt timeout", 1900 * time.Millisecond, 100 * time.Millisecond, true, true},
+		{"with its time ahead", 10 * time.Millisecond, time.Second, false, false, 0, true},
+		{"held as long as it had left", 300 * time.Millisecond, 300 * time.Millisecond, false, false, 0, true},
+		{"held past its time", 1900 * time.Millisecond, 100 * time.Millisecond, false, false, 0, false},
+		{"its own per-attempt timeout", 1900 * time.Millisecond, 100 * time.Millisecond, true, false, 0, true},
+		{"held past its time, the server's timer first", 1900 * time.Millisecond, 3 * time.Millisecond, false, true, 2500 * time.Microsecond, false},
+		{"held past its time, the server's own time-out", 1900 * time.Millisecond, 3 * time.Millisecond, false, true, 1500 * time.Microsecond, true},
 	} {
 		for _, kind := range []string{"unary", "stream"} {
 			t.Run(kind+"/"+tc.name, func(t *testing.T) {
@@ -656,14 +667,19 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 				// The call's deadline passed: sent left before it, after
 				// waiting held in the line.
 				sent := clk.Now()
-				ctx, asked := fakeDeadline{expired, sent.Add(tc.left)}, sent.Add(-tc.held)
+				ended := context.Context(expired)
+				if tc.live {
+					ended = context.Background()
+				}
+				ctx, asked := fakeDeadline{ended, sent.Add(tc.left)}, sent.Add(-tc.held)
+				clk.Advance(tc.inFlight)
 				switch kind {
 				case "unary":
 					attemptDoneIn(ctx, ctl, &attemptEnd{err: timedOut, timedOut: tc.perAttempt}, clk, asked, sent)
 				case "stream":
 					// A server stream whose request went, and no answer
 					// had come for when its deadline passed.
-					ic, err := New()
+					ic, err := New(withClock(clk))
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -689,10 +705,10 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 	}
 }
 
-// fakeDeadline is a context that has ended at its deadline, with the
-// deadline of the fake clock.
+// fakeDeadline is a context with the deadline at, of the fake clock: one
+// that has ended at its deadline, or one whose timer has not run yet.
 type fakeDeadline struct {
-	context.Context // ended by its deadline
+	context.Context // ended by its deadline, or not yet
 	at              time.Time
 }
 

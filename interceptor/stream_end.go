@@ -274,7 +274,7 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		if s.ctl != nil {
 			s.ctl.Done(pacing.Ignored)
 		}
-	case timedOutIn(s.ctx, s.ctl, err, a.expired(), a.asked, a.sent):
+	case timedOutIn(s.ctx, s.ctl, err, a.expired(), a.asked, a.sent, s.ic.clock):
 		// Unanswered when the caller's deadline passed: told as the
 		// time it waited in the line against the time it had left.
 	default:
