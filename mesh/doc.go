@@ -15,7 +15,7 @@
 //     code is kept as it is.
 //   - A call made while serving a request with a deadline is sent with that
 //     deadline less a reserve (WithDeadlineReserve; by default a twentieth
-//     of the time left, at most 10 ms). A call below that runs out of time
+//     of the time left, at most 3 ms). A call below that runs out of time
 //     then ends first, and the request answers its caller in time, with
 //     "don't retry" and herdguard-gave-up "deadline", where gRPC's
 //     propagation alone has every layer time out at once, each calling the

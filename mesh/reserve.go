@@ -21,11 +21,13 @@ type config struct {
 
 // Default deadline reserve: a twentieth of the time the request has left,
 // at most maxReserve. It has to cover the way back up, one hop's transit
-// and its handler's return; more would cost a call below time that it
-// might have used to succeed.
+// and its handler's return; more costs the calls below the time they
+// might have used to succeed: about the reserve times the request rate,
+// per hop, when a line serves its callers at their deadlines (11 calls of
+// 7200 in the mesh lab's outage at 10 ms, none measurable at 3 ms).
 const (
 	reserveShare = 20
-	maxReserve   = 10 * time.Millisecond
+	maxReserve   = 3 * time.Millisecond
 )
 
 // WithDeadlineReserve sets the time the client half keeps back from the
@@ -34,7 +36,7 @@ const (
 // the request does, and the request still answers its caller in time,
 // saying why. d of 0 or less sends them with the request's own deadline,
 // as gRPC's propagation alone does. The default keeps back a twentieth of
-// the time left, at most 10 ms.
+// the time left, at most 3 ms.
 func WithDeadlineReserve(d time.Duration) Option {
 	return func(c *config) { c.reserve, c.reserveSet = max(d, 0), true }
 }

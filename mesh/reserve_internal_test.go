@@ -24,7 +24,7 @@ var _ grpc.ServerTransportStream = served{}
 
 // TestReserve: the deadline a call below is sent with, for each reserve
 // and each request: a twentieth of the time left by default, at most
-// 10 ms; a fixed one when set; none when it is off, when the request has
+// 3 ms; a fixed one when set; none when it is off, when the request has
 // no deadline, or when the call is not made while serving one.
 func TestReserve(t *testing.T) {
 	tests := []struct {
@@ -34,9 +34,9 @@ func TestReserve(t *testing.T) {
 		serving bool
 		cut     time.Duration // how much earlier the call's deadline is; -1: not cut
 	}{
-		{name: "default, 1 s left", left: time.Second, serving: true, cut: 10 * time.Millisecond},
-		{name: "default, 100 ms left", left: 100 * time.Millisecond, serving: true, cut: 5 * time.Millisecond},
-		{name: "default, 1 min left", left: time.Minute, serving: true, cut: 10 * time.Millisecond},
+		{name: "default, 1 s left", left: time.Second, serving: true, cut: 3 * time.Millisecond},
+		{name: "default, 40 ms left", left: 40 * time.Millisecond, serving: true, cut: 2 * time.Millisecond},
+		{name: "default, 1 min left", left: time.Minute, serving: true, cut: 3 * time.Millisecond},
 		{name: "fixed", opts: []Option{WithDeadlineReserve(30 * time.Millisecond)}, left: time.Second, serving: true, cut: 30 * time.Millisecond},
 		{name: "off", opts: []Option{WithDeadlineReserve(0)}, left: time.Second, serving: true, cut: -1},
 		{name: "negative: off", opts: []Option{WithDeadlineReserve(-time.Second)}, left: time.Second, serving: true, cut: -1},
