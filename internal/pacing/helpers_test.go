@@ -2,6 +2,7 @@ package pacing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -142,12 +143,13 @@ func acquireAsync(ctx context.Context, c *Controller, id int, out chan<- grant) 
 	}()
 }
 
-// answerProbe sends a probe, which must go at once, answers it, and
+// answerProbe sends a probe, which must go at once (its caller will not
+// wait: a probe held fails at once, rather than hang), answers it, and
 // answers the confirmation's batch of k (confirmLoad).
 func answerProbe(t *testing.T, c *Controller, k int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
 	if d, err := c.Acquire(ctx); d != 0 || err != nil {
 		t.Fatalf("probe: held %v, %v", d, err)
 	}
@@ -226,4 +228,152 @@ func deadlineIn(clk *testutil.Clock, d time.Duration) (context.Context, context.
 	ctx, cancel := context.WithDeadline(context.Background(), clk.Now().Add(d))
 	stop := time.AfterFunc(10*time.Second, cancel)
 	return ctx, func() { stop.Stop(); cancel() }
+}
+
+// answered and refused are outcomes for demand.run: the server answers,
+// or refuses, every attempt sent.
+func answered(int) Outcome { return Answered }
+func refused(int) Outcome  { return Overloaded }
+
+// arrive makes n attempts ask c for leave at the same moment, each from a
+// caller that will not wait (its context has already ended), with nobody
+// else in the line: an attempt goes if the bucket has a token for it, and
+// one that would wait joins the line (the interval is then one in which
+// attempts waited) and leaves it at once. It returns how many went.
+func arrive(t *testing.T, c *Controller, n int) (sent int) {
+	t.Helper()
+	if w := c.State().Waiting; w != 0 {
+		t.Fatalf("arrive with %d waiting: a caller that will not wait could take their token", w)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range n {
+		switch _, err := c.Acquire(ctx); {
+		case err == nil:
+			sent++
+		case !errors.Is(err, context.Canceled):
+			t.Fatalf("an attempt that would not wait: %v, want it sent or its context's error", err)
+		}
+	}
+	return sent
+}
+
+// spend lets attempts go at once (as arrive makes them) until the bucket
+// has no token left, and returns how many went: the last one asked and
+// would have waited.
+func spend(t *testing.T, c *Controller) (sent int) {
+	t.Helper()
+	for ; sent < 1000; sent++ {
+		if arrive(t, c, 1) == 0 {
+			return sent
+		}
+	}
+	t.Fatalf("%d attempts went at once, pacing %v: the bucket never ran out", sent, c.Pacing())
+	return sent
+}
+
+// demand is the attempts that come to a controller in one interval: in of
+// them, the first burst together at the interval's start and each other
+// one, the k-th, k span/in after it (span 0: the whole Interval). A burst
+// larger than the bucket's makes attempts wait even at a rate above the
+// arrivals; a span short of the Interval leaves the interval's end idle,
+// so that the bucket is full when the next begins.
+type demand struct {
+	in, burst int
+	span      time.Duration
+}
+
+// run drives the interval of c that begins now under d, each attempt
+// asking as arrive makes it, and each one that goes ending at once as
+// outcome says (outcome(i) for the i-th sent; nil: it stays in flight). It
+// leaves the clock at the next interval's start and returns how many went.
+func (d demand) run(t *testing.T, c *Controller, clk *testutil.Clock, outcome func(i int) Outcome) (sent int) {
+	t.Helper()
+	span := d.span
+	if span == 0 {
+		span = overload.DefaultInterval
+	}
+	var at time.Duration // since the interval's start
+	for k := range d.in {
+		if next := span * time.Duration(k) / time.Duration(d.in); k >= d.burst && next > at {
+			clk.Advance(next - at)
+			at = next
+		}
+		if arrive(t, c, 1) == 1 {
+			if outcome != nil {
+				c.Done(outcome(sent))
+			}
+			sent++
+		}
+	}
+	clk.Advance(overload.DefaultInterval - at)
+	return sent
+}
+
+// besidesProbe is how many attempts come in the i-th interval after a
+// restart, of in in all, besides the probe whose answer restarted the
+// rate: it came first, in the first.
+func besidesProbe(in, i int) int {
+	if i == 0 {
+		return in - 1
+	}
+	return in
+}
+
+// serveNext moves clk on a tenth of a millisecond at a time (the least
+// wait of the line's timer: it hands out at most one token in a step at
+// the rates the tests use) until c's line is one shorter, and returns what
+// the waiter that left it got on out.
+func serveNext(t *testing.T, c *Controller, clk *testutil.Clock, out <-chan grant) grant {
+	t.Helper()
+	const step = 100 * time.Microsecond
+	n := c.State().Waiting
+	for range int(time.Second / step) {
+		clk.Advance(step)
+		if c.State().Waiting < n {
+			return <-out
+		}
+	}
+	t.Fatalf("nobody of the %d waiting left the line in a second", n)
+	return grant{}
+}
+
+// herdRetried is herdCollapsed, then the interval in which the herd's
+// retries come: n attempts together, the first of which goes as a probe
+// and is refused while the others wait and give up. It leaves the clock at
+// the next interval's start, the server still collapsed and probed, the n
+// counted as the last interval's arrivals.
+func herdRetried(t *testing.T, n int) (*Controller, *testutil.Clock) {
+	t.Helper()
+	c, clk := herdCollapsed(t)
+	if sent := (demand{in: n, burst: n}).run(t, c, clk, refused); sent != 1 {
+		t.Fatalf("%d of the herd's %d retries sent while collapsed, want 1: a probe", sent, n)
+	}
+	if st := c.State(); !st.Pacing || rateOf(c) != firstProbes {
+		t.Fatalf("pacing %v at %v per interval after the retries, want still probed at %v", st.Pacing, rateOf(c), firstProbes)
+	}
+	return c, clk
+}
+
+// collapses reports one interval from now in which c's server refuses
+// refusals of n attempts and answers the rest, and whether that collapsed
+// it: its rate fell to a probe's, one an interval past the first
+// intervals of an episode. Overload is FailureRatio (a half) of the
+// attempts that the server's share of independent failures leaves, so the
+// interval collapses the server if that share is at most 2·refusals/n − 1,
+// and otherwise cuts the rate (to 90 % of what the server took, at least
+// n−refusals) or leaves it: provided the refusals are more than the share
+// explains (they are, by far, for the shares the tests probe), and that
+// the server took more than n−refusals in an interval of the episode
+// before, so that this one teaches nothing. c must pace, not collapsed,
+// above a probe's rate.
+func collapses(t *testing.T, c *Controller, clk *testutil.Clock, refusals, n int) bool {
+	t.Helper()
+	if !c.Pacing() || rateOf(c) <= 1 {
+		t.Fatalf("pacing %v at %v per interval: want paced above a probe's rate, to tell a collapse", c.Pacing(), rateOf(c))
+	}
+	report(c, Answered, n-refusals)
+	report(c, Overloaded, refusals)
+	clk.Advance(overload.DefaultInterval)
+	return c.Pacing() && rateOf(c) <= 1
 }

@@ -18,32 +18,32 @@ import (
 func TestNoSheddingBelowTheSustainedRate(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
 	clk.Advance(overload.DefaultInterval)
+	answerProbe(t, c, confirmMin) // restarts at the sustained 60
+	// 60 come, as many go as the rate lets, and the server refuses every
+	// one (it answered the probe): it collapsed under the rate.
+	sent := 1 + demand{in: 60}.run(t, c, clk, refused) // and the probe
 	answerProbe(t, c, confirmMin)
-	setCounts(c, 60, 60)
-	report(c, Overloaded, 60)
-	clk.Advance(overload.DefaultInterval)
-	// Restarted at 54.9 with 60 arriving: below the sustained 60, a waiter
-	// 20 places back would wait past its 100ms at any spare the line has.
-	answerProbe(t, c, confirmMin)
-	if got := rateOf(c); math.Abs(got-54.9) > 1e-9 {
-		t.Fatalf("restart at %v, want 90 %% of the 61 sent or answered", got)
+	if got, want := rateOf(c), 0.9*float64(sent); math.Abs(got-want) > 1e-9 || want >= 60 {
+		t.Fatalf("restart at %v, want 90 %% of the %d sent, below the sustained 60", got, sent)
 	}
-	setTokens(c, 0)
-	setLastIn(c, 60)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
-	near, cancelNear := context.WithDeadline(ctx, clk.Now().Add(100*time.Millisecond))
-	defer cancelNear()
+	spend(t, c) // the tokens the bucket kept
+	// Below the sustained 60, 21 waiters: the oldest has its turn after 21
+	// tokens, some 40ms at the restarted rate, past its 30ms.
 	out := make(chan grant, 21)
+	near, cancelNear := deadlineIn(clk, 30*time.Millisecond)
+	defer cancelNear()
 	acquireAsync(near, c, 0, out)
 	waitLine(t, c, 1)
+	ctx, cancel := deadlineIn(clk, time.Hour)
+	defer cancel()
 	for id := 1; id <= 20; id++ {
 		acquireAsync(ctx, c, id, out)
-		waitLine(t, c, id+1)
+		waitLineOrShed(t, c, id+1)
 	}
 	if st := c.State(); st.Shed != 0 {
 		t.Fatalf("shed %d below the sustained rate", st.Shed)
 	}
+	cancelNear()
 	cancel()
 	for range 21 {
 		<-out
@@ -58,7 +58,7 @@ func TestNoSheddingBelowTheSustainedRate(t *testing.T) {
 // (a tenth of the rate here), the waiter one place back from the newest
 // would be shed with 200ms to wait.
 func TestShedding(t *testing.T) {
-	c, clk := herdCollapsed(t)
+	c, clk := herdRetried(t, 60) // 60 came in the interval before the recovery
 	out := make(chan grant, 10)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -82,7 +82,6 @@ func TestShedding(t *testing.T) {
 	// interval before: the oldest waiter, two places back from the
 	// newest, has its turn in 33ms, past its 20ms; the one a place back
 	// has its turn in 22ms, within its 40ms.
-	setLastIn(c, 60)
 	c.Done(Answered)
 	confirmLoad(t, c, confirmMax) // the herd's 10 answers
 	g := <-out
@@ -138,15 +137,22 @@ func TestRetryWaitsAtTheBack(t *testing.T) {
 // took is shed rather than sent: at once when it asks, or when its turn
 // comes, and its token goes to the next waiter. Answers of unknown time
 // teach nothing.
+//
+// The controller is a fresh client's in a slow start: nothing is known of
+// the server, so no wait in the line is told (nobody is shed for it), and
+// a waiter is shed only for the time answers take.
 func TestLateAttemptsAreShed(t *testing.T) {
-	c, clk := calmThenFail(t, 60)
+	c, clk := newController(t, overload.Settings{})
+	report(c, Overloaded, 20)
 	clk.Advance(overload.DefaultInterval)
-	answerProbe(t, c, confirmMin) // restarts at 60 an interval
+	answerProbe(t, c, confirmMin) // a slow start at 2, then a token more per answer
 	for _, d := range []time.Duration{90 * time.Millisecond, 80 * time.Millisecond, 100 * time.Millisecond} {
 		c.AnsweredAfter(d)
 	}
 	clk.Advance(overload.DefaultInterval) // the last interval's answers took at least 80ms
-	setBucket(c, 60, 10, 0)
+	if got := rateOf(c); got != 6.25 {
+		t.Fatalf("rate = %v, want the slow start's 5 grown by a quarter (nobody waited)", got)
+	}
 
 	short, cancelShort := deadlineIn(clk, 79*time.Millisecond)
 	defer cancelShort()
@@ -155,30 +161,34 @@ func TestLateAttemptsAreShed(t *testing.T) {
 	}
 	long, cancelLong := deadlineIn(clk, 2*time.Second)
 	defer cancelLong()
-	if _, err := c.Acquire(long); err != nil {
-		t.Fatalf("2s left: Acquire = %v, want nil", err)
+	if d, err := c.Acquire(long); d != 0 || err != nil {
+		t.Fatalf("2s left: Acquire = %v, %v; want sent at once, on the bucket's token", d, err)
 	}
 
-	// At 5 an interval, nothing left in the bucket: an old waiter with
-	// time, then a newer one with 95ms. The next token comes 20ms later,
-	// for the newer one, which has 75ms left by then: it is shed, and the
-	// token goes to the old one.
-	setBucket(c, 5, 0, 0)
+	// At 6.25 an interval, the bucket empty: an old waiter with time, then
+	// a newer one with 90ms. The next token comes 16ms later, for the
+	// newer one, which has 74ms left by then: it is shed, and the token
+	// goes to the old one.
 	out := make(chan grant, 3)
 	acquireAsync(long, c, 0, out)
 	waitLine(t, c, 1)
-	tight, cancelTight := deadlineIn(clk, 95*time.Millisecond)
+	tight, cancelTight := deadlineIn(clk, 90*time.Millisecond)
 	defer cancelTight()
 	acquireAsync(tight, c, 1, out)
 	waitLine(t, c, 2)
 	clk.Advance(overload.DefaultInterval / 5)
+	if st := c.State(); st.Waiting != 0 {
+		cancelLong()
+		cancelTight()
+		t.Errorf("%d still waiting after a token: want the newer shed and the old one sent", st.Waiting)
+	}
 	got := map[int]error{}
 	for range 2 {
 		g := <-out
 		got[g.id] = g.err
 	}
 	if got[0] != nil || !errors.Is(got[1], ErrShed) {
-		t.Fatalf("old waiter: %v, newer with 75ms left: %v; want nil and ErrShed", got[0], got[1])
+		t.Fatalf("old waiter: %v, newer with 74ms left: %v; want nil and ErrShed", got[0], got[1])
 	}
 	if st := c.State(); st.Shed != 2 {
 		t.Fatalf("shed %d, want 2", st.Shed)
@@ -187,15 +197,20 @@ func TestLateAttemptsAreShed(t *testing.T) {
 	// An interval without answers keeps the time; one whose answers are
 	// not timed forgets it.
 	clk.Advance(overload.DefaultInterval)
-	setBucket(c, 60, 10, 0)
+	short, cancelShort = deadlineIn(clk, 79*time.Millisecond)
+	defer cancelShort()
 	if _, err := c.Acquire(short); !errors.Is(err, ErrShed) {
-		t.Fatalf("no answer in the last interval: Acquire = %v, want ErrShed", err)
+		t.Fatalf("no answer in the last interval, 79ms left: Acquire = %v, want ErrShed", err)
 	}
 	c.Done(Answered)
 	clk.Advance(overload.DefaultInterval)
-	setBucket(c, 60, 10, 0)
-	if _, err := c.Acquire(short); err != nil {
-		t.Fatalf("no answer timed in the last interval: Acquire = %v, want nil", err)
+	if !c.Pacing() {
+		t.Fatal("the pacing ended")
+	}
+	short, cancelShort = deadlineIn(clk, 79*time.Millisecond)
+	defer cancelShort()
+	if d, err := c.Acquire(short); d != 0 || err != nil {
+		t.Fatalf("no answer timed in the last interval, 79ms left: Acquire = %v, %v; want sent at once", d, err)
 	}
 }
 
@@ -204,13 +219,17 @@ func TestLateAttemptsAreShed(t *testing.T) {
 // its 81ms.
 func TestShedWaitCountsAnswerTime(t *testing.T) {
 	c, clk := answersTook(t, 80*time.Millisecond)
-	setBucket(c, 60, 0, 60)
+	spend(t, c)
 	// At the sustained 60 the line drains, oldest first: the waiter's turn
 	// is the next token, 1.7ms away, and its answer 80ms after that.
 	ctx, cancel := deadlineIn(clk, 81*time.Millisecond)
 	defer cancel()
-	if _, err := c.Acquire(ctx); !errors.Is(err, ErrShed) {
-		t.Fatalf("Acquire = %v, want ErrShed", err)
+	out := make(chan grant, 1)
+	acquireAsync(ctx, c, 0, out)
+	waitLineOrShed(t, c, 1)
+	cancel() // a waiter that was not shed leaves
+	if g := <-out; !errors.Is(g.err, ErrShed) {
+		t.Fatalf("Acquire = %v, want ErrShed", g.err)
 	}
 }
 
@@ -220,8 +239,6 @@ func TestShedWaitCountsAnswerTime(t *testing.T) {
 // earliest deadlines that can still be met go first.
 func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 	c, clk := answersTook(t, 300*time.Millisecond)
-
-	wantOldestFirst(t, c, clk)
 	var cancels []context.CancelFunc
 	defer func() {
 		for _, cancel := range cancels {
@@ -234,7 +251,7 @@ func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 	// at about 303ms and is shed; the one after, with 2s, takes its place.
 	// (Counted from the newest end instead, the oldest would have two
 	// ahead of it and be shed too.)
-	setBucket(c, 60, 0, 60)
+	spend(t, c)
 	deadlines := []time.Duration{304500 * time.Microsecond, 302 * time.Millisecond, 2 * time.Second}
 	out := make(chan grant, len(deadlines))
 	for id, d := range deadlines {
@@ -246,14 +263,13 @@ func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 	if g := <-out; g.id != 1 || !errors.Is(g.err, ErrShed) {
 		t.Fatalf("first result %+v, want waiter 1 shed", g)
 	}
-	clk.Advance(2 * time.Millisecond)
-	if g := <-out; g.id != 0 || g.err != nil {
+	if g := serveNext(t, c, clk, out); g.id != 0 || g.err != nil {
 		t.Fatalf("first token went to %+v, want waiter 0", g)
 	}
-	clk.Advance(2 * time.Millisecond)
-	if g := <-out; g.id != 2 || g.err != nil {
+	if g := serveNext(t, c, clk, out); g.id != 2 || g.err != nil {
 		t.Fatalf("second token went to %+v, want waiter 2", g)
 	}
+	wantOldestFirst(t, c, clk)
 }
 
 // An answer to an attempt sent while calm took at least as long as the
@@ -264,47 +280,58 @@ func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 // is not known (Answered: a stream's) teaches nothing, and a timed answer
 // that came sooner is the least time.
 func TestAnswerSentCalmTookAtLeastTheEpisode(t *testing.T) {
-	c, clk := calmThenFail(t, 60) // pacing began now
-	clk.Advance(overload.DefaultInterval + overload.DefaultInterval/2)
-	c.AnsweredSentCalm() // ends the collapse and, past the episode's first interval, restarts the rate unconfirmed
-	if got := rateOf(c); got != 60 {
-		t.Fatalf("rate after an answer sent calm = %v per interval, want the sustained 60 at once", got)
+	// sentCalmAnswered is a controller 150ms into its episode, when an
+	// answer sent calm came, and an interval later.
+	sentCalmAnswered := func(t *testing.T) (*Controller, *testutil.Clock) {
+		t.Helper()
+		c, clk := calmThenFail(t, 60) // pacing began now
+		clk.Advance(overload.DefaultInterval + overload.DefaultInterval/2)
+		c.AnsweredSentCalm() // ends the collapse and, past the episode's first interval, restarts the rate unconfirmed
+		if got := rateOf(c); got != 60 {
+			t.Fatalf("rate after an answer sent calm = %v per interval, want the sustained 60 at once", got)
+		}
+		clk.Advance(overload.DefaultInterval)
+		return c, clk
 	}
-	clk.Advance(overload.DefaultInterval)
-	setBucket(c, 60, 10, 0)
+	c, clk := sentCalmAnswered(t)
 	short, cancelShort := deadlineIn(clk, 140*time.Millisecond)
 	defer cancelShort()
 	if _, err := c.Acquire(short); !errors.Is(err, ErrShed) {
 		t.Fatalf("140ms left, an answer sent before the episode 150ms ago: Acquire = %v, want ErrShed", err)
 	}
-
 	wantOldestFirst(t, c, clk)
 
 	for _, tc := range []struct {
 		name   string
-		answer func()
+		answer func(*Controller)
 	}{
-		{"not timed", func() { c.Answered() }},
-		{"timed sooner", func() { c.AnsweredSentCalm(); c.AnsweredAfter(20 * time.Millisecond) }},
+		{"not timed", func(c *Controller) { c.Answered() }},
+		{"timed sooner", func(c *Controller) { c.AnsweredSentCalm(); c.AnsweredAfter(20 * time.Millisecond) }},
 	} {
+		c, clk := sentCalmAnswered(t)
 		clk.Advance(overload.DefaultInterval)
-		tc.answer()
+		tc.answer(c)
 		clk.Advance(overload.DefaultInterval)
-		setBucket(c, 60, 10, 0)
+		if !c.Pacing() {
+			t.Fatalf("%s: the pacing ended", tc.name)
+		}
 		short, cancelShort := deadlineIn(clk, 140*time.Millisecond)
 		defer cancelShort()
-		if _, err := c.Acquire(short); err != nil {
-			t.Fatalf("%s: 140ms left: Acquire = %v, want nil", tc.name, err)
+		if d, err := c.Acquire(short); d != 0 || err != nil {
+			t.Fatalf("%s: 140ms left: Acquire = %v, %v; want sent at once", tc.name, d, err)
 		}
 	}
 }
 
-// wantOldestFirst checks that c serves its line oldest first: at 5 an
-// interval (below what is known: no shedding by wait), three waiters with
-// time get a token every 20ms, oldest first.
+// wantOldestFirst checks that c serves its line oldest first for its
+// answers' time alone: after a refusal in this interval (a line that
+// drains is then served newest first), and the bucket spent, three waiters
+// with time get a token each, oldest first. The refusal stays counted in
+// the interval: the check ends what a test does with c.
 func wantOldestFirst(t *testing.T, c *Controller, clk *testutil.Clock) {
 	t.Helper()
-	setBucket(c, 5, 0, 0)
+	c.Done(Overloaded)
+	spend(t, c)
 	out := make(chan grant, 3)
 	for id := range 3 {
 		ctx, cancel := deadlineIn(clk, 2*time.Second)
@@ -313,22 +340,29 @@ func wantOldestFirst(t *testing.T, c *Controller, clk *testutil.Clock) {
 		waitLine(t, c, id+1)
 	}
 	for want := range 3 {
-		clk.Advance(overload.DefaultInterval / 5)
-		if g := <-out; g.id != want || g.err != nil {
+		if g := serveNext(t, c, clk, out); g.id != want || g.err != nil {
 			t.Fatalf("token %d went to %+v, want waiter %d", want, g, want)
 		}
 	}
 }
 
 // answersTook is a controller that paces at the 60 an interval it
-// sustained before, the answers of its last interval having taken d.
+// sustained before, the answers of its last interval having taken d. An
+// attempt waited in that interval (the restart left the bucket empty), so
+// the rate holds there until a Hold after the restart.
 func answersTook(t *testing.T, d time.Duration) (*Controller, *testutil.Clock) {
 	t.Helper()
 	c, clk := calmThenFail(t, 60)
 	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin)
+	if sent := arrive(t, c, 1); sent != 0 {
+		t.Fatal("an attempt went at once on the bucket the restart left empty")
+	}
 	c.AnsweredAfter(d)
 	clk.Advance(overload.DefaultInterval)
+	if got := rateOf(c); got != 60 {
+		t.Fatalf("rate = %v per interval, want held at the sustained 60", got)
+	}
 	return c, clk
 }
 
@@ -381,26 +415,32 @@ func TestLineDrainsOldestFirst(t *testing.T) {
 // (attempts come faster than before the overload was served), and it is
 // served newest first.
 func TestLineBelowTheSustainedRateIsNewestFirst(t *testing.T) {
-	c, clk := calmThenFail(t, 10)
+	c, clk := calmThenFail(t, 60)
 	clk.Advance(overload.DefaultInterval)
+	answerProbe(t, c, confirmMin) // restarts at the sustained 60
+	// A setback: 30 come, as many go as the rate lets, and the server
+	// refuses every one (it answered the probe). What it is known to take
+	// comes down to 90 % of those sent.
+	sent := 1 + demand{in: 30}.run(t, c, clk, refused) // and the probe
+	if got := rateOf(c); got != 1 {
+		t.Fatalf("rate after the setback = %v, want a probe's 1", got)
+	}
+	if spend(t, c) == 0 { // probes, on what the bucket kept
+		t.Fatal("no probe went")
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := c.Acquire(ctx); err != nil {
-		t.Fatal(err)
-	}
 	out := make(chan grant, 3)
 	for id := range 3 {
 		acquireAsync(ctx, c, id, out)
 		waitLine(t, c, id+1)
 	}
-	setKnown(c, 5) // a setback lowered what the server is known to take
-	c.Done(Answered)
+	c.Done(Answered) // a probe's answer
 	confirmLoad(t, c, confirmMin)
-	if got := rateOf(c); got != 5 {
-		t.Fatalf("restart at %v, want 5", got)
+	if got, want := rateOf(c), 0.9*float64(sent); math.Abs(got-want) > 1e-9 || want >= 60 {
+		t.Fatalf("restart at %v, want 90 %% of the %d sent, below the sustained 60", got, sent)
 	}
-	clk.Advance(overload.DefaultInterval / 5) // a token
-	if g := <-out; g.id != 2 || g.err != nil {
+	if g := serveNext(t, c, clk, out); g.id != 2 || g.err != nil {
 		t.Fatalf("first served %+v, want the newest, 2", g)
 	}
 	cancel()
@@ -413,15 +453,16 @@ func TestLineBelowTheSustainedRateIsNewestFirst(t *testing.T) {
 // which the server refused attempts: the rate is about to come down or
 // collapse, and the wait cannot be told.
 func TestNoSheddingInARefusedInterval(t *testing.T) {
-	// As in TestShedding, but with a refusal in the restart's interval.
-	c, clk := herdCollapsed(t)
+	// As in TestShedding, but with a refusal in the restart's interval,
+	// and as many arrivals an interval before as the restarted rate.
+	c, clk := herdRetried(t, 9)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if _, err := c.Acquire(ctx); err != nil { // the probe
 		t.Fatal(err)
 	}
 	out := make(chan grant, 3)
-	near, cancelNear := context.WithDeadline(ctx, clk.Now().Add(50*time.Millisecond))
+	near, cancelNear := context.WithDeadline(ctx, clk.Now().Add(20*time.Millisecond))
 	defer cancelNear()
 	acquireAsync(near, c, 0, out)
 	waitLine(t, c, 1)
@@ -429,15 +470,15 @@ func TestNoSheddingInARefusedInterval(t *testing.T) {
 		acquireAsync(ctx, c, id, out)
 		waitLine(t, c, id+1)
 	}
-	setLastIn(c, 9)               // arrivals as fast as the rate: no spare for the line
 	c.Done(Overloaded)            // a refusal in the interval of the restart
 	c.Done(Answered)              // the probe's answer,
 	confirmLoad(t, c, confirmMax) // and the batch's (the herd answered 10): restart at 9
 	if got := rateOf(c); got != 9 {
 		t.Fatalf("restart at %v, want 90 %% of the 10 taken", got)
 	}
-	// The token goes to the newest; the oldest, whose 50ms the line could
-	// not meet, stays while the interval shows a refusal.
+	// The token goes to the newest; the oldest, whose 20ms the line could
+	// not meet (its turn at 9 an interval comes in 33ms), stays while the
+	// interval shows a refusal.
 	clk.Advance(overload.DefaultInterval / 5) // a token (at most one is kept)
 	if g := <-out; g.id != 2 || g.err != nil {
 		t.Fatalf("first result %+v, want 2 served", g)

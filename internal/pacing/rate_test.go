@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/herdguard/herdguard/overload"
+
+	"github.com/herdguard/herdguard/internal/testutil"
 )
 
 // A herd over a server that takes 20 per interval and then stays down:
@@ -92,11 +94,14 @@ func TestRestartsAndGrowth(t *testing.T) {
 	if got := rateOf(c); got != 60 {
 		t.Fatalf("first restart at %v per interval, want the sustained 60", got)
 	}
-	// 60 sent; the server takes 30 and refuses the rest: collapsed again.
-	setCounts(c, 60, 60)
-	report(c, Answered, 29) // and the answer that restarted it
-	report(c, Overloaded, 30)
-	clk.Advance(overload.DefaultInterval)
+	// 60 come, as many go as the rate lets; the server takes a third and
+	// refuses the rest: collapsed again.
+	sent := 1 + demand{in: 60}.run(t, c, clk, func(i int) Outcome { // and the probe, answered
+		if i%3 == 2 {
+			return Answered
+		}
+		return Overloaded
+	})
 	if got := rateOf(c); got != 1 {
 		t.Fatalf("rate after a refused interval = %v, want 1", got)
 	}
@@ -108,21 +113,20 @@ func TestRestartsAndGrowth(t *testing.T) {
 		c.Done(Overloaded)
 		clk.Advance(overload.DefaultInterval)
 	}
-	answerProbe(t, c, confirmMax) // the collapse answered 30
-	if got := rateOf(c); got != 54 {
-		t.Fatalf("second restart at %v, want 90 %% of the 60 sent", got)
+	answerProbe(t, c, confirmMax) // the collapse answered more than 8
+	again := 0.9 * float64(sent)
+	if got := rateOf(c); math.Abs(got-again) > 1e-9 || again >= 60 {
+		t.Fatalf("second restart at %v, want 90 %% of the %d sent, below the sustained 60", got, sent)
 	}
-	// Demand above the rate (70 arrive, attempts wait), answers, no
-	// failures: held until 500ms after the setback (300ms after the
-	// restart), back to the sustained 60, then a quarter more per 500ms,
-	// until the rate and the bucket's burst (a tenth of it) are a quarter
-	// above the 70 that arrive.
+	// Demand above the rate (70 arrive, the probe first, and attempts
+	// wait: 10 come at once), the server answering each one sent: held
+	// until 500ms after the setback (300ms after the restart), back to the
+	// sustained 60, then a quarter more per 500ms, until the rate and the
+	// bucket's burst (a tenth of it) are a quarter above the 70 that
+	// arrive.
 	top := 1.25 * 70 / 1.1
-	for i, want := range []float64{54, 54, 60, 60, 60, 60, 60, 75, 75, 75, 75, 75, top, top, top, top} {
-		setCounts(c, 70, 0)
-		markWaited(c)
-		c.Done(Answered)
-		clk.Advance(overload.DefaultInterval)
+	for i, want := range []float64{again, again, 60, 60, 60, 60, 60, 75, 75, 75, 75, 75, top, top, top, top} {
+		demand{in: besidesProbe(70, i), burst: 10}.run(t, c, clk, answered)
 		if got := rateOf(c); math.Abs(got-want) > 1e-9 {
 			t.Fatalf("interval %d: rate = %v, want %v", i, got, want)
 		}
@@ -137,49 +141,72 @@ func TestRestartsAndGrowth(t *testing.T) {
 func TestSetbacksLowerWhatIsKnown(t *testing.T) {
 	c, clk := calmThenFail(t, 68)
 	clk.Advance(overload.DefaultInterval)
-	answerProbe(t, c, confirmMin) // restart at 68
-	// Demand of 80 an interval: after the hold the rate grows to 85, and
-	// the server answers all of it.
+	answerProbe(t, c, confirmMin)
+	if got := rateOf(c); got != 68 {
+		t.Fatalf("restart at %v, want the sustained 68", got)
+	}
+	// Demand of 80 an interval (the probe the first), the server answering
+	// each one sent: after the hold the rate grows to 85, and the server
+	// answers all it is sent there.
 	for i := range 5 {
-		setCounts(c, 80, 68)
-		markWaited(c)
-		answers := 68
-		if i == 0 {
-			answers-- // the probe's answer was the first interval's 68th
-		}
-		report(c, Answered, answers)
-		clk.Advance(overload.DefaultInterval)
+		demand{in: besidesProbe(80, i)}.run(t, c, clk, answered)
 	}
 	if got := rateOf(c); got != 85 {
 		t.Fatalf("rate = %v, want grown to 85", got)
 	}
-	setCounts(c, 80, 85)
-	report(c, Answered, 85)
-	clk.Advance(overload.DefaultInterval)
-	// 85 sent, and the server refuses nearly all.
-	setCounts(c, 80, 85)
-	report(c, Answered, 9)
-	report(c, Overloaded, 76)
-	clk.Advance(overload.DefaultInterval)
-	answerProbe(t, c, confirmMax) // the collapse answered 9 of 85
-	if got := rateOf(c); got != 76.5 {
-		t.Fatalf("restart after the refused 85 at %v, want 76.5", got)
+	if took := (demand{in: 80}).run(t, c, clk, answered); float64(took) <= 0.9*80 {
+		t.Fatalf("the server took %d at 85: want more than 90 %% of the 80 that come", took)
 	}
-	first := holdLeft(c, clk.Now())
-	if first != overload.DefaultHold {
-		t.Fatalf("hold after one setback = %v, want %v", first, overload.DefaultHold)
+	// The 80 sent, and the server refuses all but 9.
+	sent := demand{in: 80}.run(t, c, clk, func(i int) Outcome {
+		if i < 9 {
+			return Answered
+		}
+		return Overloaded
+	})
+	setback := clk.Now() // the interval closes now
+	answerProbe(t, c, confirmMax)
+	if got, want := rateOf(c), 0.9*float64(sent); math.Abs(got-want) > 1e-9 {
+		t.Fatalf("restart after the refused %d at %v, want %v: 90 %% of them, below the answers it took", sent, got, want)
 	}
-	// Refused again at 76.5: the next restart holds twice as long.
-	setCounts(c, 80, 77)
-	report(c, Overloaded, 40)
-	clk.Advance(overload.DefaultInterval)
-	answerProbe(t, c, confirmMax) // the collapse answered none of 77 sent
-	second := holdLeft(c, clk.Now())
-	if got := rateOf(c); got != 0.9*77 {
-		t.Fatalf("restart after the refused 77 at %v, want %v", got, 0.9*77)
+	// Held a Hold after one setback, attempts waiting, then grown.
+	heldUntil(t, c, clk, demand{in: 80}, setback.Add(overload.DefaultHold))
+	// Refused again, every attempt sent: the next restart holds twice as
+	// long.
+	sent = demand{in: 80}.run(t, c, clk, refused)
+	setback = clk.Now()
+	answerProbe(t, c, confirmMin) // the collapse answered none
+	if got, want := rateOf(c), 0.9*float64(sent); math.Abs(got-want) > 1e-9 {
+		t.Fatalf("restart after the refused %d at %v, want %v", sent, got, want)
 	}
-	if second != 2*overload.DefaultHold {
-		t.Fatalf("hold after two setbacks = %v, want %v", second, 2*overload.DefaultHold)
+	heldUntil(t, c, clk, demand{in: 80}, setback.Add(2*overload.DefaultHold))
+}
+
+// heldUntil drives intervals of demand d at c, the server answering each
+// attempt sent, from now until end, when a hold ends (at an interval's
+// end), and fails unless the rate stays as it is until just before end,
+// attempts waiting in each interval, and grows at end. Nothing closes the
+// next to last interval before the attempts of the last come, together,
+// in its last nanosecond: it closes then, just before end, and the last
+// one at end.
+func heldUntil(t *testing.T, c *Controller, clk *testutil.Clock, d demand, end time.Time) {
+	t.Helper()
+	held := rateOf(c)
+	for clk.Now().Add(2 * overload.DefaultInterval).Before(end) {
+		d.run(t, c, clk, answered)
+		if got := rateOf(c); got != held {
+			t.Fatalf("%v before the hold ends: rate = %v, want held at %v", end.Sub(clk.Now()), got, held)
+		}
+	}
+	d.run(t, c, clk, answered)
+	clk.Advance(end.Sub(clk.Now()) - 1)
+	report(c, Answered, arrive(t, c, d.in)) // closes the interval before
+	if got := rateOf(c); got != held {
+		t.Fatalf("just before the hold ends: rate = %v, want held at %v", got, held)
+	}
+	clk.Advance(1)
+	if got := rateOf(c); got <= held {
+		t.Fatalf("as the hold ends: rate = %v, want grown from %v", got, held)
 	}
 }
 
@@ -204,18 +231,22 @@ func TestMeasuredCapacityBounds(t *testing.T) {
 		t.Fatalf("restart at %v, want 18", got)
 	}
 	const top = 1.25 * 18 / 1.1
-	// holds reports intervals of 18 answers for 18 sent until the rate
-	// leaves 18, and returns when that was; every other interval without
-	// attempts waiting, unless always.
-	holds := func(want float64, always bool) time.Time {
+	// holds reports intervals of 18 answers, 18 attempts coming (came of
+	// them, in the first, already), until the rate leaves 18, and returns
+	// when that was; every other interval without attempts waiting, unless
+	// always.
+	holds := func(want float64, always bool, came int) time.Time {
 		t.Helper()
 		for i := range 20 {
+			d := demand{in: 18} // one every 5.6ms: at 18 an interval, none waits
+			if i == 0 {
+				d.in -= came
+			}
 			if always || i%2 == 0 {
-				markWaited(c)
+				d.burst = 3 // more than the bucket's burst
 			}
 			report(c, Answered, 18)
-			setCounts(c, 18, 18)
-			clk.Advance(overload.DefaultInterval)
+			d.run(t, c, clk, nil)
 			if got := rateOf(c); got != want {
 				if got < want || got > top+1e-9 {
 					t.Fatalf("interval %d: rate = %v, want %v or a try up to %.2f", i, got, want, top)
@@ -226,31 +257,27 @@ func TestMeasuredCapacityBounds(t *testing.T) {
 		t.Fatalf("rate held at %v for 2 s of attempts waiting", want)
 		return time.Time{}
 	}
-	if tried := holds(18, false); tried.Sub(restart) < overload.DefaultHold {
+	if tried := holds(18, false, 1); tried.Sub(restart) < overload.DefaultHold {
 		t.Fatalf("capacity tried %v after the restart, want a Hold (%v) at least", tried.Sub(restart), overload.DefaultHold)
 	}
 	if got := rateOf(c); math.Abs(got-top) > 1e-9 {
 		t.Fatalf("tried at %v, want a quarter above the 18 that come (%.2f)", got, top)
 	}
 	for i := range 5 { // answers that land late
-		markWaited(c)
 		report(c, Answered, 21)
-		setCounts(c, 18, 18)
-		clk.Advance(overload.DefaultInterval)
+		demand{in: 18, burst: 3}.run(t, c, clk, nil)
 		if got := rateOf(c); math.Abs(got-top) > 1e-9 {
 			t.Fatalf("interval %d (21 answers for 18 sent): rate = %v, want it held at %.2f", i, got, top)
 		}
 	}
-	markWaited(c)
 	report(c, Answered, 18)
 	report(c, Overloaded, 3)
-	setCounts(c, 21, 21)
-	clk.Advance(overload.DefaultInterval)
+	demand{in: 21, burst: 3}.run(t, c, clk, nil)
 	refusal := clk.Now()
 	if got := rateOf(c); math.Abs(got-16.2) > 1e-9 {
 		t.Fatalf("after 3 refused beside 18 taken: rate = %v, want 16.2", got)
 	}
-	if tried := holds(16.2, true); tried.Sub(refusal) < overload.DefaultHold {
+	if tried := holds(16.2, true, 0); tried.Sub(refusal) < overload.DefaultHold {
 		t.Fatalf("capacity tried again %v after the refusal, want a Hold (%v) at least", tried.Sub(refusal), overload.DefaultHold)
 	}
 }
@@ -296,13 +323,30 @@ func TestSlowStartLearnsNothing(t *testing.T) {
 	answerProbe(t, c, confirmMin) // restart: a slow start at 2, then one more per answer
 	report(c, Answered, 9)
 	clk.Advance(overload.DefaultInterval)
-	known, free := knownOf(c)
-	if known != 0 || !math.IsInf(free, 1) {
-		t.Errorf("after a slow start's interval: known %v, free %v; want 0 and +Inf", known, free)
+	rate := rateOf(c)
+	if rate < 10 {
+		t.Fatalf("rate %v after 10 answers from 2, want it grown by one per answer", rate)
 	}
-	if got := rateOf(c); got < 10 {
-		t.Errorf("rate %v after 10 answers from 2, want it grown by one per answer", got)
+	// Had the slow start's answers been taken as what the server sustains,
+	// the rate would be past it: no answer would grow it...
+	c.Done(Answered)
+	if got := rateOf(c); got != rate+1 {
+		t.Errorf("after the slow start's interval, an answer made the rate %v, want %v: a token more", got, rate+1)
 	}
+	// ...and a waiter whose deadline is half a token away would be shed:
+	// its turn, as told at the rate, comes after it.
+	spend(t, c)
+	token := time.Duration(float64(overload.DefaultInterval) / rateOf(c))
+	ctx, cancel := deadlineIn(clk, token/2)
+	defer cancel()
+	out := make(chan grant, 1)
+	acquireAsync(ctx, c, 0, out)
+	waitLineOrShed(t, c, 1)
+	if st := c.State(); st.Shed != 0 {
+		t.Errorf("shed %d on the wait at %v per interval, with nothing known", st.Shed, rateOf(c))
+	}
+	cancel()
+	<-out
 }
 
 // Refusals below the ratio bring the rate down to Headroom of what the
@@ -311,7 +355,9 @@ func TestFewRefusalsBringTheRateDown(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
 	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin) // restart at 60
-	markWaited(c)
+	if arrive(t, c, 1) != 0 {     // an attempt waits: the restart left the bucket empty
+		t.Fatal("an attempt went at once")
+	}
 	report(c, Answered, 49) // and the probe's answer: 50
 	report(c, Overloaded, 10)
 	clk.Advance(overload.DefaultInterval)
@@ -329,31 +375,38 @@ func TestFewRefusalsBringTheRateDown(t *testing.T) {
 // from the interval before, answers of attempts sent in it) raises what
 // the server is known to take no higher than the rate: a rate held just
 // under a capacity would otherwise creep past it, one answer an interval.
+// What is known shows in the rate: attempts waiting and none refused, the
+// rate returns at once to what the server is known to take.
 func TestLearningStopsAtTheRate(t *testing.T) {
 	c, clk := calmThenFail(t, 60)
 	clk.Advance(overload.DefaultInterval)
 	answerProbe(t, c, confirmMin) // restart at 60
-	// 60 arrive and wait: after the hold the rate grows to where it and
-	// the bucket's burst are a quarter above them.
+	// 60 arrive (the probe the first), and attempts wait (10 come at
+	// once): after the hold the rate grows to where it and the bucket's
+	// burst are a quarter above them. The server answers every attempt
+	// sent.
 	top := 1.25 * 60 / 1.1
-	for range 12 {
-		setCounts(c, 60, 0)
-		markWaited(c)
-		c.Done(Answered)
-		clk.Advance(overload.DefaultInterval)
+	for i := range 12 {
+		demand{in: besidesProbe(60, i), burst: 10}.run(t, c, clk, answered)
 	}
 	if got := rateOf(c); math.Abs(got-top) > 1e-9 {
 		t.Fatalf("rate = %v, want grown to %v", got, top)
 	}
-	for i := range 10 {
-		setCounts(c, 60, 75) // 75 let through at 68.2, the burst included
-		markWaited(c)
-		report(c, Answered, 75)
-		clk.Advance(overload.DefaultInterval)
-		rate := rateOf(c) // closes the interval
-		known, _ := knownOf(c)
-		if known > top+1e-9 || rate > top+1e-9 {
-			t.Fatalf("interval %d: known %v, rate %v: want neither past the rate of %v", i, known, rate, top)
+	// Still 60 an interval, but unevenly: 45 within the first 90ms of an
+	// interval (8 at once: attempts wait), the bucket full at its end, and
+	// 75 spread over the next, in which the bucket's burst and the rate let
+	// more than the rate through, the last ones waiting.
+	for i := range 11 {
+		d := demand{in: 45, burst: 8, span: 90 * time.Millisecond}
+		if i%2 == 1 {
+			d = demand{in: 75}
+		}
+		sent := d.run(t, c, clk, answered)
+		if i%2 == 1 && float64(sent) <= top {
+			t.Fatalf("interval %d: %d of 75 sent at %.1f, want more than the rate", i, sent, top)
+		}
+		if got := rateOf(c); got > top+1e-9 {
+			t.Fatalf("interval %d (%d sent, every one answered): rate %v, want no more than %v", i, sent, got, top)
 		}
 	}
 }
@@ -371,10 +424,8 @@ func TestGrowthFollowsTheMeanOfTheArrivals(t *testing.T) {
 	noise := []int{-3, 3, 0, -2, 2, 4, -4}
 	for i := range 80 {
 		in := 60 + noise[i%len(noise)]
-		setCounts(c, in, int(top))
-		markWaited(c)
-		report(c, Answered, int(top))
-		clk.Advance(overload.DefaultInterval)
+		demand{in: besidesProbe(in, i), burst: 8}.run(t, c, clk, answered) // attempts wait
+
 		// The means of this sequence over its holds are 60 and 60.5.
 		if got := rateOf(c); got > top+1.2 {
 			t.Fatalf("interval %d (%d came): rate = %.2f, want no more than %.2f: a quarter above the 60 that come on average (%.2f), with its burst, and a hold's noise", i, in, got, top+1.2, top)
