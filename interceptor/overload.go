@@ -101,7 +101,7 @@ func inLine(ctl *pacing.Controller, d decision, err error) bool {
 // that says so. Either way it is a *RetryError with OutcomeShed.
 func shedError(n int, last, shed error) error {
 	if last == nil {
-		last = status.Error(codes.Unavailable, "herdguard: "+shed.Error())
+		last = status.Error(codes.Unavailable, shed.Error()) // it has herdguard's prefix
 	}
 	return &RetryError{Attempts: n - 1, Outcome: OutcomeShed, Err: last}
 }

@@ -172,12 +172,26 @@ func TestOverloadHoldsAnAttempt(t *testing.T) {
 
 // A waiter whose deadline the controller's rate cannot meet is shed: the
 // call fails at once with OutcomeShed, an Unavailable status that says so,
-// and nothing is sent.
+// and nothing is sent. One whose deadline has already passed on the
+// controller's clock (its context's timer not yet run) is not shed: it
+// fails with DeadlineExceeded, as its context would, and nothing is sent.
 func TestOverloadShedsAttempt(t *testing.T) {
 	mrec, mp := newMetrics()
 	sc := fail(codes.OK)
-	srv, c, clk, ic := setup(t, sc, WithoutBreaker(), WithMeterProvider(mp),
+	clk := newFakeClock()
+	var slow atomic.Bool // answers take 400ms on the fake clock
+	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, req *grpc_testing.SimpleRequest) (*grpc_testing.SimpleResponse, error) {
+		if slow.Load() {
+			clk.Advance(400 * time.Millisecond)
+		}
+		return sc.unary(ctx, req)
+	}})
+	ic, err := New(withClock(clk), withRand(fixedRand(0.5)), WithoutBreaker(), WithMeterProvider(mp),
 		WithPolicy(policy.Policy{MaxAttempts: 1}), WithOverloadControl(overload.Settings{MinFailures: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
 	// The server sustains 3 per interval for a second, then refuses 3.
 	for range 30 {
 		if err := call(t, c); err != nil {
@@ -197,20 +211,48 @@ func TestOverloadShedsAttempt(t *testing.T) {
 		t.Fatalf("probe call: %v", err)
 	}
 	confirmLoad(t, c) // and the batch answered restarts the rate at 3
+	ctl := ic.controllerFor(testserver.Target)
 	sent := len(srv.Attempts())
+
 	// The fake clock runs ahead of real time: a real deadline one second
-	// away is already past on it, so no rate can meet it.
+	// away is already past on it.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{})
+	if _, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{}); status.Code(err) != codes.DeadlineExceeded || ctx.Err() != nil {
+		t.Fatalf("a call past its deadline on the controller's clock: %v (its context: %v), want DeadlineExceeded before its context ended", err, ctx.Err())
+	}
+	if got := len(srv.Attempts()); got != sent {
+		t.Errorf("%d attempts reached the server for a call past its deadline", got-sent)
+	}
+	if st := ctl.State(); st.Shed != 0 {
+		t.Errorf("controller shed %d for a deadline that passed, want 0", st.Shed)
+	}
+
+	// An answer that took 400ms, in the interval before: a call with
+	// 200ms left cannot be answered in time.
+	slow.Store(true)
+	ctx, cancel = context.WithDeadline(context.Background(), clk.Now().Add(2*time.Second))
+	defer cancel()
+	if _, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{}); err != nil {
+		t.Fatalf("the slow answer: %v", err)
+	}
+	slow.Store(false)
+	clk.Advance(overload.DefaultInterval)
+	sent = len(srv.Attempts())
+	ctx, cancel = context.WithDeadline(context.Background(), clk.Now().Add(200*time.Millisecond))
+	defer cancel()
+	_, err = c.UnaryCall(ctx, &grpc_testing.SimpleRequest{})
 	var re *RetryError
 	if !errors.As(err, &re) || re.Outcome != OutcomeShed || re.Attempts != 0 || status.Code(err) != codes.Unavailable {
 		t.Fatalf("shed call: %v, want a RetryError with OutcomeShed, 0 attempts, Unavailable", err)
 	}
+	if msg := status.Convert(err).Message(); msg != pacing.ErrShed.Error() {
+		t.Errorf("the shed call's status says %q, want %q: one prefix", msg, pacing.ErrShed.Error())
+	}
 	if got := len(srv.Attempts()); got != sent {
 		t.Errorf("%d attempts reached the server for a shed call", got-sent)
 	}
-	if st := ic.controllerFor(testserver.Target).State(); st.Shed != 1 {
+	if st := ctl.State(); st.Shed != 1 {
 		t.Errorf("controller shed %d, want 1", st.Shed)
 	}
 	if n := sumInt(t, mrec, telemetry.MetricCalls, []attribute.KeyValue{telemetry.AttrOutcome.String(string(OutcomeShed))}); n != 1 {

@@ -138,7 +138,9 @@
 // left than every answer of the last interval took
 // ([Controller.AnsweredAfter]): a server that queues answers late, and an
 // attempt sent too late only takes the place of one that could still be
-// answered.
+// answered. One whose deadline has passed, its context's timer not yet
+// run, is never sent: Acquire returns context.DeadlineExceeded, as its
+// context would.
 //
 // The line is served oldest first instead while it drains: the server
 // answers, refused nothing in this interval, and takes again what it

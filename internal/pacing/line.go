@@ -1,6 +1,7 @@
 package pacing
 
 import (
+	"context"
 	"slices"
 	"time"
 )
@@ -64,7 +65,11 @@ func (c *Controller) serveLocked(now time.Time) {
 		}
 		w := c.line[i]
 		c.line = slices.Delete(c.line, i, i+1) // and lets go of w
-		if c.lateLocked(w.deadline, now) {     // the token goes to the next
+		switch {                               // the token goes to the next:
+		case pastDeadline(w.deadline, now):
+			expireLocked(w)
+			continue
+		case c.lateLocked(w.deadline, now):
 			c.shedOneLocked(w)
 			continue
 		}
@@ -130,7 +135,11 @@ func (c *Controller) shedLocked(now time.Time) {
 			k = len(kept)
 		}
 		eta := now.Add(time.Duration(float64(k+1)*per) + c.ep.lastTook)
-		if !w.deadline.IsZero() && eta.After(w.deadline) {
+		switch {
+		case pastDeadline(w.deadline, now):
+			expireLocked(w)
+			continue
+		case !w.deadline.IsZero() && eta.After(w.deadline):
 			c.shedOneLocked(w)
 			continue
 		}
@@ -180,6 +189,26 @@ func (c *Controller) shedOneWithLocked(w *waiter, err error) {
 	w.done = true
 	w.ready <- err
 	c.stats.shed.Add(1)
+}
+
+// pastDeadline reports whether deadline (zero: none) has passed at t. A
+// waiter's context may not have ended yet (its timer runs late under
+// load), but an attempt sent now cannot be answered in time. Right after
+// a collapse no answer has been timed, so lateLocked sheds nobody, and the
+// oldest waiters, the first served once the line drains, are the ones
+// past their deadlines: a token handed to one was an attempt that could
+// not succeed, in place of one that could.
+func pastDeadline(deadline, t time.Time) bool {
+	return !deadline.IsZero() && !t.Before(deadline)
+}
+
+// expireLocked lets waiter w go with its context's error: its deadline
+// has passed, and the controller shed nothing (it is not counted as
+// shed, and its caller sees the DeadlineExceeded its context would give).
+// The caller takes it out of the line.
+func expireLocked(w *waiter) {
+	w.done = true
+	w.ready <- context.DeadlineExceeded
 }
 
 // lateLocked reports whether an attempt with deadline (zero: none), sent

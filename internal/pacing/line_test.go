@@ -491,3 +491,38 @@ func TestNoSheddingInARefusedInterval(t *testing.T) {
 		<-out
 	}
 }
+
+// TestAWaiterPastItsDeadlineIsNotSent: right after a collapse no answer
+// has been timed, so nobody is shed for answers that come late; a waiter
+// whose deadline passes on the controller's clock before its context's
+// timer has run is still not sent when its turn comes. It gets
+// context.DeadlineExceeded, as its context would, is not counted as shed,
+// and the token goes to the next attempt. An attempt that asks after its
+// deadline is answered so at once.
+func TestAWaiterPastItsDeadlineIsNotSent(t *testing.T) {
+	c, clk := herdCollapsed(t)
+	spend(t, c) // the bucket empty: the next attempt waits a token, 12.5ms at 4 an interval
+	shed := c.State().Shed
+	ctx, cancel := deadlineIn(clk, 5*time.Millisecond)
+	defer cancel()
+	out := make(chan grant, 1)
+	acquireAsync(ctx, c, 0, out)
+	waitLine(t, c, 1)
+	if g := serveNext(t, c, clk, out); !errors.Is(g.err, context.DeadlineExceeded) {
+		t.Errorf("the waiter whose deadline passed in the line: %v, want context.DeadlineExceeded, not sent", g.err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the waiter's context ended in real time: the test shows nothing")
+	}
+	past, cancelPast := deadlineIn(clk, -time.Millisecond)
+	defer cancelPast()
+	if _, err := c.Acquire(past); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("an attempt that asks after its deadline: %v, want context.DeadlineExceeded", err)
+	}
+	if st := c.State(); st.Shed != shed {
+		t.Errorf("%d shed, want none: the deadlines passed, the controller shed nobody", st.Shed-shed)
+	}
+	if arrive(t, c, 1) != 1 {
+		t.Error("the token of the expired waiter's turn was not left for the next attempt")
+	}
+}

@@ -123,8 +123,9 @@ func New(s overload.Settings, clk Clock) (*Controller, error) {
 // was held back. While the server is calm it returns at once. While pacing
 // it waits for a token in the line (served newest first while the server
 // is overloaded, oldest first while the line drains; see the package doc)
-// until ctx ends (its error is returned) or the controller sheds the
-// attempt ([ErrShed]). Only an
+// until ctx ends (its error is returned; context.DeadlineExceeded as soon
+// as its deadline passes on the controller's clock, whether or not its
+// timer has run) or the controller sheds the attempt ([ErrShed]). Only an
 // attempt with a deadline can be shed: one without waits as long as the
 // overload lasts, or until ctx is cancelled.
 func (c *Controller) Acquire(ctx context.Context) (time.Duration, error) {
@@ -165,6 +166,10 @@ func (c *Controller) acquire(ctx context.Context, back bool) (time.Duration, err
 		c.stats.shed.Add(1)
 		c.mu.Unlock()
 		return 0, ErrDown
+	}
+	if pastDeadline(deadline, now) { // its context's timer has not run yet
+		c.mu.Unlock()
+		return 0, context.DeadlineExceeded
 	}
 	if c.lateLocked(deadline, now) {
 		c.stats.shed.Add(1)
