@@ -236,7 +236,7 @@ func contextOutcome(err error) Outcome {
 // gaveUpBelow reports whether a trailer whose pushback says do not retry
 // also says that a layer below gave up (the herdguard-gave-up trailer): the breaker
 // does not count such a call.
-func gaveUpBelow(md metadata.MD) bool { return len(md.Get(wire.GaveUpKey)) > 0 }
+func gaveUpBelow(md metadata.MD) bool { return len(md[wire.GaveUpKey]) > 0 } // a trailer's keys are lowercase: no Get
 
 // judgedBelow reports whether a failed attempt's trailer says "do not
 // retry" because a layer below gave up (gaveUpBelow beside a stopping
@@ -255,7 +255,7 @@ func judgedBelow(md metadata.MD) bool {
 // pushback reads the server's retry pushback from a trailer. present is
 // false when there is none; ok is false when it says not to retry.
 func pushback(md metadata.MD) (wait time.Duration, ok, present bool) {
-	vals := md.Get(wire.PushbackKey)
+	vals := md[wire.PushbackKey] // a trailer's keys are lowercase: no Get, on every failed attempt
 	if len(vals) == 0 {
 		return 0, false, false
 	}
