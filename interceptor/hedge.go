@@ -332,9 +332,9 @@ func (h *hedgeCall) onTimer() {
 // caller has waited for every hedge and timer callback (wg). What the call
 // held is dropped; the channel, the timer and the backing arrays stay.
 func (h *hedgeCall) release(ic *Interceptor) {
-	sched := h.sched
-	sched.release()
-	*h = hedgeCall{done: h.done, sched: sched}
+	done, call, fire, wg, t := h.done, h.sched.call, h.sched.fire, h.sched.wg, h.sched.timer
+	*h = hedgeCall{done: done} // one write of the whole call, its scheduler's included
+	h.sched.call, h.sched.fire, h.sched.wg, h.sched.timer = call, fire, wg, t
 	ic.hedgeCalls.Put(h)
 }
 
