@@ -333,7 +333,7 @@ func (h *hedgeCall) onTimer() {
 // held is dropped; the channel, the timer and the backing arrays stay.
 func (h *hedgeCall) release(ic *Interceptor) {
 	done, call, fire, wg, t := h.done, h.sched.call, h.sched.fire, h.sched.wg, h.sched.timer
-	*h = hedgeCall{done: done} // one write of the whole call, its scheduler's included
+	*h = hedgeCall{done: done} // one write of the whole call; the scheduler keeps what startLocked keeps
 	h.sched.call, h.sched.fire, h.sched.wg, h.sched.timer = call, fire, wg, t
 	ic.hedgeCalls.Put(h)
 }

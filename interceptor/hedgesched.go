@@ -94,11 +94,6 @@ func (h *hedger) startLocked(ic *Interceptor, p *resolved, method string, r hedg
 	*h = hedger{hedgeRules: r, ic: ic, p: p, meth: method, call: h.call, fire: h.fire, wg: h.wg, timer: h.timer}
 }
 
-// release drops what h holds of a call, keeping its caller and timer.
-func (h *hedger) release() {
-	*h = hedger{call: h.call, fire: h.fire, wg: h.wg, timer: h.timer}
-}
-
 // armLocked sets the timer to send the next hedge after d, if another may
 // go; while a pushback is waiting, to its end instead.
 func (h *hedger) armLocked(d time.Duration) {
