@@ -125,20 +125,23 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 	h.report(first, h.run(first))
 
 	select {
-	case <-h.done:
-	case <-ctx.Done():
-		// Attempts in flight end with the context and decide the call; one
-		// waiting for a pushback's delay would not.
-		h.mu.Lock()
-		if !h.decided {
-			h.decideLocked(nil, status.FromContextError(ctx.Err()).Err(), contextOutcome(ctx.Err()))
+	case <-h.done: // most often: the first attempt decided the call
+	default:
+		select {
+		case <-h.done:
+		case <-ctx.Done():
+			// Attempts in flight end with the context and decide the call;
+			// one waiting for a pushback's delay would not.
+			h.mu.Lock()
+			if !h.decided {
+				h.decideLocked(nil, status.FromContextError(ctx.Err()).Err(), contextOutcome(ctx.Err()))
+			}
+			h.mu.Unlock()
+			<-h.done
 		}
-		h.mu.Unlock()
-		<-h.done
 	}
-	h.mu.Lock()
-	h.sched.stopTimerLocked()
-	h.mu.Unlock()
+	// The call is decided, which stopped the timer (decideLocked), and no
+	// hedge goes after it.
 	h.wg.Wait() // every loser has ended: the reply is the winner's alone
 
 	h.mu.Lock()
