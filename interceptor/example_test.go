@@ -26,18 +26,49 @@ import (
 // A client with herdguard's defaults: retries with full jitter inside a
 // per-target circuit breaker, an overload controller per target that paces
 // attempts once the server shows overload, traced to the global provider.
+// The server here, on 127.0.0.1, turns its first call away with
+// Unavailable, as a restarting backend would: herdguard waits a jittered
+// backoff (at most 100 ms) and tries again, and the caller sees one call
+// that succeeded. In a service, target is the server's name
+// ("dns:///payments.internal:443") and the credentials are real.
 func Example() {
+	target, backend, stop := serveFlaky()
+	defer stop()
+
 	ic, err := interceptor.New()
 	if err != nil {
-		log.Fatal(err)
+		log.Fatal(err) // every option is checked here
 	}
-	cc, err := grpc.NewClient("dns:///payments.internal:443",
+	cc, err := grpc.NewClient(target,
 		append(ic.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer cc.Close()
-	_ = testgrpc.NewTestServiceClient(cc) // call as usual
+	client := testgrpc.NewTestServiceClient(cc) // call as usual
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = client.EmptyCall(ctx, &testgrpc.Empty{})
+	fmt.Println("call:", err)
+	fmt.Println("attempts the server saw:", backend.calls.Load())
+	// Output:
+	// call: <nil>
+	// attempts the server saw: 2
+}
+
+// serveFlaky starts a flaky server on 127.0.0.1 and returns its target,
+// the server, and how to stop it.
+func serveFlaky() (target string, backend *flaky, stop func()) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	backend = &flaky{}
+	testgrpc.RegisterTestServiceServer(srv, backend)
+	go srv.Serve(lis)
+	return "passthrough:///" + lis.Addr().String(), backend, srv.Stop
 }
 
 // Configuration is checked once, in New: an unusable value is an error that

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"net"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -45,14 +44,8 @@ func (f *flaky) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, er
 // client span of each attempt is a child of herdguard's attempt span, so a
 // trace shows which attempt each RPC was.
 func ExampleWithTracerProvider_otelgrpc() {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(srv, &flaky{})
-	go srv.Serve(lis)
-	defer srv.Stop()
+	target, _, stop := serveFlaky() // a server on 127.0.0.1 that fails its first call
+	defer stop()
 
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
@@ -63,7 +56,7 @@ func ExampleWithTracerProvider_otelgrpc() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	cc, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), append(ic.DialOptions(),
+	cc, err := grpc.NewClient(target, append(ic.DialOptions(),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(tp))),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {

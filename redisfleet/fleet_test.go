@@ -15,7 +15,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-	"go.uber.org/goleak"
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
@@ -23,8 +22,6 @@ import (
 	"github.com/herdguard/herdguard/internal/testutil"
 	"github.com/herdguard/herdguard/redisfleet"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const scope = "dns:///payments.internal:443"
 
