@@ -60,15 +60,22 @@ func Example() {
 // serveFlaky starts a flaky server on 127.0.0.1 and returns its target,
 // the server, and how to stop it.
 func serveFlaky() (target string, backend *flaky, stop func()) {
+	backend = &flaky{}
+	target, stop = serve(backend)
+	return target, backend, stop
+}
+
+// serve starts a test service on 127.0.0.1 and returns its target and how
+// to stop it.
+func serve(backend testgrpc.TestServiceServer) (target string, stop func()) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		log.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	backend = &flaky{}
 	testgrpc.RegisterTestServiceServer(srv, backend)
 	go srv.Serve(lis)
-	return "passthrough:///" + lis.Addr().String(), backend, srv.Stop
+	return "passthrough:///" + lis.Addr().String(), srv.Stop
 }
 
 // Configuration is checked once, in New: an unusable value is an error that
@@ -84,19 +91,69 @@ func ExampleNew_invalid() {
 }
 
 // Different methods can retry differently; a method's own policy wins over
-// its service's.
+// its service's. Here a server on 127.0.0.1 turns every call away with
+// Unavailable: the service's policy makes 5 attempts of EmptyCall, while
+// UnaryCall, which must not be retried, makes one and fails with the
+// server's status as it came.
 func ExampleWithMethodPolicy() {
-	read := policy.Default()
-	read.MaxAttempts = 5
-	charge := policy.Default()
-	charge.MaxAttempts = 1 // never retry a payment without an idempotency key
+	target, backend, stop := serveDown()
+	defer stop()
+
+	service := policy.Default()
+	service.MaxAttempts = 5
+	service.InitialBackoff = time.Millisecond
+	once := policy.Default()
+	once.MaxAttempts = 1 // never retry a payment without an idempotency key
 	ic, err := interceptor.New(
-		interceptor.WithMethodPolicy("/shop.v1.Catalog/", read),
-		interceptor.WithMethodPolicy("/shop.v1.Payments/Charge", charge),
+		interceptor.WithMethodPolicy("/grpc.testing.TestService/", service),
+		interceptor.WithMethodPolicy("/grpc.testing.TestService/UnaryCall", once),
 		interceptor.WithBreaker(breaker.Settings{ConsecutiveFailures: 10, OpenTimeout: 2 * time.Second}),
 	)
-	fmt.Println(ic != nil, err)
-	// Output: true <nil>
+	if err != nil {
+		log.Fatal(err)
+	}
+	cc, err := grpc.NewClient(target,
+		append(ic.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cc.Close()
+	client := testgrpc.NewTestServiceClient(cc)
+	ctx := context.Background()
+
+	_, err = client.EmptyCall(ctx, &testgrpc.Empty{})
+	fmt.Println(err)
+	_, err = client.UnaryCall(ctx, &testgrpc.SimpleRequest{})
+	fmt.Println(err)
+	fmt.Println("attempts the server saw:", backend.calls.Load())
+	// Output:
+	// herdguard: gave up after 5 attempt(s); last: rpc error: code = Unavailable desc = down
+	// rpc error: code = Unavailable desc = down
+	// attempts the server saw: 6
+}
+
+// down answers every call Unavailable.
+type down struct {
+	testgrpc.UnimplementedTestServiceServer
+	calls atomic.Int32
+}
+
+func (d *down) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
+	d.calls.Add(1)
+	return nil, status.Error(codes.Unavailable, "down")
+}
+
+func (d *down) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	d.calls.Add(1)
+	return nil, status.Error(codes.Unavailable, "down")
+}
+
+// serveDown starts a down server on 127.0.0.1 and returns its target, the
+// server, and how to stop it.
+func serveDown() (target string, backend *down, stop func()) {
+	backend = &down{}
+	target, stop = serve(backend)
+	return target, backend, stop
 }
 
 // A call option changes one call only.
@@ -235,22 +292,67 @@ func ExampleWithServiceConfig() {
 
 // A hedged method: a second copy of a call goes once the first is slower
 // than the method's recent p95 (never sooner than 10ms), and the first
-// answer wins. A policy that both retries and hedges is refused.
+// answer wins; the other attempt is cancelled. Here the server, on
+// 127.0.0.1, never answers its first call, as a stuck replica would: the
+// hedge answers it. A policy that both retries and hedges is refused.
 func ExampleWithMethodPolicy_hedging() {
+	target, backend, stop := serveStuckFirst()
+	defer stop()
+
 	hedged := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 2, Quantile: 0.95, Delay: 10 * time.Millisecond}}
 	ic, err := interceptor.New(
-		interceptor.WithMethodPolicy("/shop.v1.Catalog/Get", hedged),
+		interceptor.WithMethodPolicy("/grpc.testing.TestService/EmptyCall", hedged),
 		interceptor.WithHedgeBudget(policy.Budget{Ratio: 0.05}), // hedges: 5 % of successes, plus 1/s
 	)
-	fmt.Println(ic != nil, err)
+	if err != nil {
+		log.Fatal(err)
+	}
+	cc, err := grpc.NewClient(target,
+		append(ic.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = testgrpc.NewTestServiceClient(cc).EmptyCall(ctx, &testgrpc.Empty{})
+	fmt.Println("call:", err)
+	<-backend.cancelled // the stuck first attempt was cancelled once the hedge won
+	fmt.Println("attempts the server saw:", backend.calls.Load())
 
 	both := hedged
 	both.MaxAttempts = 3
 	_, err = interceptor.New(interceptor.WithMethodPolicy("/shop.v1.Catalog/Get", both))
 	fmt.Println(err)
 	// Output:
-	// true <nil>
+	// call: <nil>
+	// attempts the server saw: 2
 	// herdguard: interceptor: WithMethodPolicy("/shop.v1.Catalog/Get"): policy: MaxAttempts = 3: set beside Hedging: a call is retried or hedged, never both (gRFC A6); leave the retry fields zero
+}
+
+// stuckFirst never answers its first call: it waits until the caller
+// cancels it. It answers the others at once.
+type stuckFirst struct {
+	testgrpc.UnimplementedTestServiceServer
+	calls     atomic.Int32
+	cancelled chan struct{} // closed once the first call was cancelled
+}
+
+func (s *stuckFirst) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
+	if s.calls.Add(1) == 1 {
+		<-ctx.Done()
+		close(s.cancelled)
+		return nil, ctx.Err()
+	}
+	return &testgrpc.Empty{}, nil
+}
+
+// serveStuckFirst starts a stuckFirst server on 127.0.0.1 and returns its
+// target, the server, and how to stop it.
+func serveStuckFirst() (target string, backend *stuckFirst, stop func()) {
+	backend = &stuckFirst{cancelled: make(chan struct{})}
+	target, stop = serve(backend)
+	return target, backend, stop
 }
 
 // gRFC A6's hedgingPolicy, from a service config.
