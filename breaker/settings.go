@@ -59,7 +59,7 @@ func ParseScope(s string) (Scope, error) {
 }
 
 // Settings configures the breakers of a [Group]. A zero field means its
-// default (see the package documentation).
+// default, as each field says.
 type Settings struct {
 	// ConsecutiveFailures trips the breaker after this many failed calls in
 	// a row, however quickly they came. 0 means the default rule: a run of
@@ -122,7 +122,7 @@ type Settings struct {
 	// that ended with the client's own error (a message over the send limit,
 	// one that could not be encoded, a send a later interceptor refused),
 	// and those a server stopped with a "do not retry" that says a layer
-	// below gave up (interceptor.GaveUpTrailerKey, package mesh). It
+	// below gave up (mesh.GaveUpTrailerKey). It
 	// must be quick and safe for concurrent use.
 	Verdict func(err error) herdguard.Verdict
 	// Fleet, if set, shares each breaker with the other replicas of the

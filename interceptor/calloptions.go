@@ -13,6 +13,10 @@ import (
 // p is validated here, once; an invalid p makes the call fail at once with
 // codes.InvalidArgument and the validation error, sending nothing.
 //
+// Policies are chosen in this order: CallPolicy, then [WithMethodPolicy]
+// for the method, then for its service, then [WithPolicy]. [NoRetry] makes
+// any of them a single attempt.
+//
 // Like every herdguard call option it embeds grpc.EmptyCallOption, so it is
 // harmless on a connection without the interceptor.
 func CallPolicy(p policy.Policy) grpc.CallOption {

@@ -98,6 +98,32 @@ func WithMethodPolicy(fullMethod string, p policy.Policy) Option {
 
 // WithBreaker sets the circuit breaker's settings. The breaker is on by
 // default with the zero Settings (see package breaker for what they mean).
+//
+// The breaker wraps the whole retry loop: one call is one result, counted
+// once its retries are over, by breaker.Settings.Verdict. By default a
+// call's final status says the server is failing (Unavailable,
+// DeadlineExceeded, ResourceExhausted, Internal, Unknown, DataLoss) or
+// healthy (everything else): the table is [herdguard.BreakerVerdict]. A
+// Verdict of one's own replaces it, for example to keep one tenant's
+// ResourceExhausted quota from opening the breaker for every tenant:
+//
+//	interceptor.WithBreaker(breaker.Settings{Verdict: func(err error) herdguard.Verdict {
+//		if status.Code(err) == codes.ResourceExhausted {
+//			return herdguard.Ignored
+//		}
+//		return herdguard.BreakerVerdict(status.Code(err))
+//	}})
+//
+// A call the caller cancelled counts for nothing, as does one whose
+// deadline ran out during a backoff wait or before its first attempt; a
+// deadline that runs out while an attempt is in flight is a failure: the
+// server did not answer in time. A stream counts as a success as soon as
+// the server answers it (headers or a message), so a long healthy stream
+// admitted as a half-open probe closes the breaker at once; a stream that
+// fails after that counts for nothing more. An open breaker fails a call at
+// once with a [*breaker.OpenError]: errors.Is(err, breaker.ErrOpen) holds
+// and status.Code(err) is Unavailable. A call through a half-open breaker
+// is a probe and makes a single attempt.
 func WithBreaker(s breaker.Settings) Option {
 	return optionFunc(func(c *config) { c.breaker, c.noBreaker = s, false })
 }
@@ -112,6 +138,18 @@ func WithoutBreaker() Option {
 // forwards to the first SDK installed, even after New, and until then calls
 // do no span work. A provider set globally after another SDK replaced the
 // default one is not followed.
+//
+// Each call has a CLIENT span named after the method ("pkg.Service/Method",
+// OpenTelemetry's RPC conventions, semconv v1.43.0) with herdguard.attempts
+// and herdguard.outcome (an [Outcome]); its children are a span "attempt"
+// per attempt, a span "backoff" per wait and a span "held" per wait in the
+// overload controller's line. Breaker refusals and state changes are
+// events on the call span. The attempt span's context is what the next
+// interceptor and gRPC's stats handlers see, so otelgrpc's spans nest under
+// each attempt. The names are constants of package
+// github.com/herdguard/herdguard/telemetry; every attribute is in
+// docs/observability.md
+// (https://github.com/herdguard/herdguard/blob/main/docs/observability.md#spans).
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return optionFunc(func(c *config) { c.tp = tp })
 }
@@ -120,8 +158,11 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // global provider as New finds it, which, as OpenTelemetry's default one
 // does, forwards to the first SDK installed, even after New. A measurement is
 // skipped while its instrument is not Enabled; with a no-op provider no
-// metric work is done at all. The instruments are listed in the package
-// documentation.
+// metric work is done at all. The instruments are named in package
+// github.com/herdguard/herdguard/telemetry (MetricAttempts, MetricCalls,
+// MetricRetryDelay, the breaker's, the budgets', the hedges' and the
+// overload controller's); their attributes are in docs/observability.md
+// (https://github.com/herdguard/herdguard/blob/main/docs/observability.md#metrics).
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return optionFunc(func(c *config) { c.mp = mp })
 }

@@ -25,7 +25,16 @@ import (
 // commits when the server's response headers or a message reach it, when
 // the caller calls Context, or when its replay buffer overflows; after that
 // an error reaches the caller as it is. The caller never sees a message
-// twice.
+// twice. What is retried, and the waits, are as for [Interceptor.Unary].
+//
+// The replay buffer holds 256 KiB of encoded messages ([WithStreamBuffer],
+// [CallStreamBuffer]). SendMsg, RecvMsg and Header all drive a retry when
+// they find the attempt broken, through one funnel, as gRPC's own stream
+// does. Interceptors chained after herdguard's see the caller's messages;
+// the buffer keeps each message encoded, and a replay sends a new message
+// of the caller's type decoded from it. Hedged streams replay their
+// messages to each hedge and commit as retried streams do; no hedge starts
+// once the replay buffer overflowed.
 func (ic *Interceptor) Stream() grpc.StreamClientInterceptor { return ic.stream }
 
 // retryStream is one logical stream: a series of attempts, each a stream

@@ -21,6 +21,50 @@ import (
 )
 
 // Unary returns the unary client interceptor.
+//
+// An attempt is retried when its code is one of the policy's
+// RetryableCodes, or it is a DeadlineExceeded of an attempt run under
+// PerAttemptTimeout, and the caller's context is alive, and attempts
+// remain, and the server sent no response headers (gRFC A6: headers commit
+// the call). Before attempt n+1 the raw wait is
+//
+//	min(MaxBackoff, InitialBackoff × Multiplier^(n-1))
+//
+// and the jitter shapes it ([policy.Policy.Backoff]): none (raw), full
+// (uniform[0, raw]), equal (raw/2 + uniform[0, raw/2]) or decorrelated
+// (min(MaxBackoff, uniform[InitialBackoff, 3 × previous wait])). A server's
+// grpc-retry-pushback-ms trailer (gRFC A6) replaces the wait: a
+// non-negative number of milliseconds is the wait and restarts the backoff;
+// anything else stops the retries. A wait that would end after the
+// caller's deadline is not started: the call ends at once with the last
+// attempt's status. Every retry carries the metadata herdguard-attempt: N
+// (N = 2, 3, ...), so servers can count retries apart.
+//
+// A call that fails with a code the policy does not retry, that may make a
+// single attempt only, that failed after the server sent headers, or that
+// the caller cancelled, returns gRPC's error as it is. A call whose retries
+// stopped returns a [*RetryError] that carries the last status. The last
+// attempt a call may make is not checked for headers or pushback, as no
+// retry could follow it: a call whose last attempt failed with a retryable
+// code returns a RetryError with outcome exhausted, even if that attempt's
+// server sent headers or a pushback that stops retries. With throttling on
+// the last attempt is checked too, for gRPC counts a stopping pushback
+// there, and so is every hedge of a hedged call.
+//
+// A policy whose Hedging is on ([policy.Hedging], or a service config's
+// hedgingPolicy) hedges instead of retrying, as gRFC A6 says: the first
+// attempt goes at once, the next after the hedging delay while none has
+// answered, or at once after a non-fatal failure, or after the server's
+// pushback. The first answer (a unary reply, a stream's headers or first
+// message) or the first fatal failure decides the call, and every other
+// attempt is cancelled; the caller sees that answer only. With a Quantile
+// the delay is that quantile of the method's recent attempt latencies,
+// never below Delay. A hedge needs the breaker closed with no failure since
+// its last success, a throttling token and room in the retry budget when
+// those are on, and room in the target's hedge budget ([WithHedgeBudget]),
+// which only successful calls earn: under overload hedging stops by itself.
+// A half-open probe is never hedged, and the breaker counts a hedged call
+// once.
 func (ic *Interceptor) Unary() grpc.UnaryClientInterceptor { return ic.unary }
 
 // attemptBuffer holds what an attempt adds to the caller's call options:
