@@ -153,7 +153,7 @@ func (c *Controller) shedLocked(now time.Time) {
 // line drains (drainingLocked), or every answer of the last interval with
 // answers took an Interval or more, so the server keeps a queue of its own
 // and the callers it can still answer in time are those with more time
-// left than that. The package doc says why oldest first then gets the most
+// left than that. design.go says why oldest first then gets the most
 // of them through.
 func (c *Controller) oldestFirstLocked() bool {
 	return c.ep.lastTook >= c.s.Interval || c.drainingLocked()

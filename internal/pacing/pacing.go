@@ -122,7 +122,7 @@ func New(s overload.Settings, clk Clock) (*Controller, error) {
 // Acquire asks leave to send one attempt, and returns how long the attempt
 // was held back. While the server is calm it returns at once. While pacing
 // it waits for a token in the line (served newest first while the server
-// is overloaded, oldest first while the line drains; see the package doc)
+// is overloaded, oldest first while the line drains; see design.go)
 // until ctx ends (its error is returned; context.DeadlineExceeded as soon
 // as its deadline passes on the controller's clock, whether or not its
 // timer has run) or the controller sheds the attempt ([ErrShed]). Only an
