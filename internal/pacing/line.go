@@ -57,7 +57,7 @@ func (c *Controller) refillLocked(now time.Time) {
 // that cannot be served in time, and arms the timer for the next token.
 func (c *Controller) serveLocked(now time.Time) {
 	c.refillLocked(now)
-	oldest := c.oldestFirstLocked()
+	oldest := c.byDeadlineLocked()
 	for len(c.line) > 0 && (c.ep.confirm.batch > 0 || c.ep.tokens >= 1) {
 		i := len(c.line) - 1 // the newest
 		if oldest {
@@ -119,13 +119,15 @@ func (c *Controller) tick() {
 //
 // Served newest first, the one k places from the newest waits about k+1
 // tokens of what is left after newer arrivals. Served oldest first
-// (oldestFirstLocked), the one with k kept ahead of it waits k+1 tokens of
-// the rate, later arrivals queueing behind it.
+// (byDeadlineLocked: earliest deadline first), the one with k kept ahead
+// of it waits k+1 tokens of the rate, later arrivals queueing behind it.
+// Either way the part of a token the bucket already holds is counted: the
+// next token is that much nearer than a whole token's time.
 func (c *Controller) shedLocked(now time.Time) {
 	if c.collapsed.Load() || c.refusingLocked() || len(c.line) == 0 || c.ep.rate < max(c.freeLocked(), c.ep.before) {
 		return // the rate is unknown, about to change, or still growing: no wait can be told
 	}
-	oldest := c.oldestFirstLocked()
+	oldest := c.byDeadlineLocked()
 	per := float64(c.s.Interval) / c.ep.rate
 	kept := c.line[:0]
 	n := len(c.line)
@@ -134,7 +136,7 @@ func (c *Controller) shedLocked(now time.Time) {
 		if oldest {
 			k = len(kept)
 		}
-		eta := now.Add(time.Duration(float64(k+1)*per) + c.ep.lastTook)
+		eta := now.Add(time.Duration(max(float64(k+1)-c.ep.tokens, 0)*per) + c.ep.lastTook)
 		switch {
 		case pastDeadline(w.deadline, now):
 			expireLocked(w)
@@ -157,6 +159,49 @@ func (c *Controller) shedLocked(now time.Time) {
 // of them through.
 func (c *Controller) oldestFirstLocked() bool {
 	return c.ep.lastTook >= c.s.Interval || c.drainingLocked()
+}
+
+// byDeadlineLocked reports whether the line is served oldest first
+// (oldestFirstLocked), and then keeps it in deadline order, earliest at
+// the old end: sorted when that begins, each new waiter put in its place.
+// Oldest first is meant to be earliest deadline first, and the line's
+// order of arrival is not always that: a retry waits at the old end
+// (AcquireRetry), where a call's retry after a failed probe, a call
+// younger than most of the line, would take the tokens of the oldest
+// waiters while they run out of time. A waiter without a deadline comes
+// after every one with a deadline; waiters with the same deadline keep
+// their order.
+func (c *Controller) byDeadlineLocked() bool {
+	oldest := c.oldestFirstLocked()
+	if oldest && !c.edf {
+		slices.SortStableFunc(c.line, func(a, b *waiter) int { return compareDeadlines(a.deadline, b.deadline) })
+	}
+	c.edf = oldest
+	return oldest
+}
+
+// compareDeadlines orders deadlines earliest first, none (zero) last.
+func compareDeadlines(a, b time.Time) int {
+	switch {
+	case a.IsZero() == b.IsZero():
+		return a.Compare(b)
+	case a.IsZero():
+		return 1
+	default:
+		return -1
+	}
+}
+
+// deadlineIndex is where a waiter with deadline goes in a line in deadline
+// order: after every waiter whose deadline is not later.
+func deadlineIndex(line []*waiter, deadline time.Time) int {
+	i, _ := slices.BinarySearchFunc(line, deadline, func(w *waiter, d time.Time) int {
+		if compareDeadlines(w.deadline, d) <= 0 {
+			return -1
+		}
+		return 1
+	})
+	return i
 }
 
 // drainingLocked reports whether the line drains: the server answers

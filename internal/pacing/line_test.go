@@ -234,9 +234,10 @@ func TestShedWaitCountsAnswerTime(t *testing.T) {
 }
 
 // While answers take an Interval or more (the server keeps a queue of its
-// own) the line is served oldest first, and a waiter is shed when the
-// waiters kept ahead of it, then the answer time, leave it too late: the
-// earliest deadlines that can still be met go first.
+// own) the line is served oldest first, earliest deadline first: a waiter
+// is shed when the waiters kept ahead of it, then the answer time, leave
+// it too late, and the earliest deadlines that can still be met go first,
+// whatever the order they came in.
 func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 	c, clk := answersTook(t, 300*time.Millisecond)
 	var cancels []context.CancelFunc
@@ -246,13 +247,14 @@ func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 		}
 	}()
 
-	// At 60, a token per 1.7ms: the oldest, with 304.5ms, goes first and
-	// is answered at about 302ms; the next, with 302ms, would be answered
-	// at about 303ms and is shed; the one after, with 2s, takes its place.
-	// (Counted from the newest end instead, the oldest would have two
-	// ahead of it and be shed too.)
+	// At 60, a token per 1.7ms, and answers 300ms after it: the first
+	// token's answer comes at about 301.7ms, the second's at 303.3ms. By
+	// deadline, the one with 302ms goes first; the one with 302.5ms, second,
+	// would be answered too late and is shed; the one with 304.5ms takes
+	// its place, then the one with 2s. (In the order they came, the one
+	// with 304.5ms would go first and both with about 302ms be shed.)
 	spend(t, c)
-	deadlines := []time.Duration{304500 * time.Microsecond, 302 * time.Millisecond, 2 * time.Second}
+	deadlines := []time.Duration{304500 * time.Microsecond, 302 * time.Millisecond, 302500 * time.Microsecond, 2 * time.Second}
 	out := make(chan grant, len(deadlines))
 	for id, d := range deadlines {
 		ctx, cancel := deadlineIn(clk, d)
@@ -260,14 +262,13 @@ func TestOldestFirstWhileAnswersAreLate(t *testing.T) {
 		acquireAsync(ctx, c, id, out)
 		waitLineOrShed(t, c, id+1)
 	}
-	if g := <-out; g.id != 1 || !errors.Is(g.err, ErrShed) {
-		t.Fatalf("first result %+v, want waiter 1 shed", g)
+	if g := <-out; g.id != 2 || !errors.Is(g.err, ErrShed) {
+		t.Fatalf("first result %+v, want waiter 2 shed", g)
 	}
-	if g := serveNext(t, c, clk, out); g.id != 0 || g.err != nil {
-		t.Fatalf("first token went to %+v, want waiter 0", g)
-	}
-	if g := serveNext(t, c, clk, out); g.id != 2 || g.err != nil {
-		t.Fatalf("second token went to %+v, want waiter 2", g)
+	for _, want := range []int{1, 0, 3} {
+		if g := serveNext(t, c, clk, out); g.id != want || g.err != nil {
+			t.Fatalf("token went to %+v, want waiter %d", g, want)
+		}
 	}
 	wantOldestFirst(t, c, clk)
 }
@@ -408,6 +409,78 @@ func TestLineDrainsOldestFirst(t *testing.T) {
 		if id := next(); id != want {
 			t.Fatalf("after a refusal served %d, want %d (newest first)", id, want)
 		}
+	}
+}
+
+// The line drains earliest deadline first, whatever the order the waiters
+// came in: the retry of a refused probe waits at the old end of the line
+// while the server is collapsed, but its call is among the youngest, and
+// once the line drains it goes after the older callers, who would run out
+// of time behind it. (Served in the line's order, the retry went first,
+// and through a 1 s outage of the mesh lab about 30 callers were shed at
+// the recovery, with up to 48 ms left.)
+func TestLineDrainsByDeadline(t *testing.T) {
+	c, clk := calmThenFail(t, 10)
+	// Collapsed, and later in the episode: one probe per interval.
+	clk.Advance((1 + firstProbeIntervals) * overload.DefaultInterval)
+	probe, cancelProbe := deadlineIn(clk, 1900*time.Millisecond)
+	defer cancelProbe()
+	if d, err := c.Acquire(probe); d != 0 || err != nil {
+		t.Fatalf("probe: %v, %v", d, err)
+	}
+	out := make(chan grant, 4)
+	for id, d := range []time.Duration{time.Second, 1100 * time.Millisecond, 1200 * time.Millisecond} {
+		ctx, cancel := deadlineIn(clk, d)
+		defer cancel()
+		acquireAsync(ctx, c, id, out)
+		waitLine(t, c, id+1)
+	}
+	c.Done(Overloaded) // the probe refused: its call retries, at the old end
+	const retry = 9
+	go func() {
+		_, err := c.AcquireRetry(probe)
+		out <- grant{retry, err}
+	}()
+	waitLine(t, c, 4)
+
+	// leave advances the clock until k more waiters leave the line, and
+	// returns who they were (they may leave together).
+	leave := func(k int) map[int]bool {
+		t.Helper()
+		before := c.State().Waiting
+		for i := 0; c.State().Waiting > before-k; i++ {
+			if i == 10000 {
+				t.Fatalf("%d waiting after a second, want %d", c.State().Waiting, before-k)
+			}
+			clk.Advance(100 * time.Microsecond)
+		}
+		got := map[int]bool{}
+		for range before - c.State().Waiting {
+			g := <-out
+			if g.err != nil {
+				t.Fatalf("waiter %d: %v", g.id, g.err)
+			}
+			got[g.id] = true
+		}
+		return got
+	}
+
+	// The next interval's probe is the newest waiter, 2; the server answers
+	// it and the batch, and the rate restarts at the sustained 10: with no
+	// refusal in this interval, the line drains.
+	if got := leave(1); !got[2] {
+		t.Fatalf("second probe: %v, want the newest waiter, 2", got)
+	}
+	c.Done(Answered)
+	confirmLoad(t, c, confirmMin)
+	if got := rateOf(c); got != 10 {
+		t.Fatalf("restart at %v per interval, want the sustained 10", got)
+	}
+	if got := leave(2); !got[0] || !got[1] {
+		t.Fatalf("first served %v, want 0 and 1 (earliest deadline first)", got)
+	}
+	if got := leave(1); !got[retry] {
+		t.Fatalf("served %v, want the retry last", got)
 	}
 }
 

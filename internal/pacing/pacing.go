@@ -68,7 +68,8 @@ type Controller struct {
 	start time.Time // of the current interval
 	cur   interval  // the current interval's counts
 	ep    episode   // the current episode of pacing, or the last one
-	line  []*waiter // newest last
+	line  []*waiter // newest last; by deadline while edf
+	edf   bool      // the line was last served oldest first: see byDeadlineLocked
 	timer lineTimer
 
 	// What the controller has learnt of the server, across episodes.
@@ -141,8 +142,10 @@ func (c *Controller) Acquire(ctx context.Context) (time.Duration, error) {
 // waits at the old end of the line, with the oldest callers. Served newest
 // first, it goes behind every attempt already waiting and every one that
 // comes later: under a lasting overload fresh calls go first. Served
-// oldest first (the line drains, or the server answers late), it goes
-// first, as its call is among the oldest.
+// oldest first (the line drains, or the server answers late), the line is
+// in deadline order and the retry takes its call's place in it: first when
+// its call is among the oldest, behind the older callers when it is not
+// (the retry of a probe, which is the newest waiter's call).
 func (c *Controller) AcquireRetry(ctx context.Context) (time.Duration, error) {
 	if !c.pacing.Load() {
 		c.calm.sent.Add(1)
@@ -183,9 +186,12 @@ func (c *Controller) acquire(ctx context.Context, back bool) (time.Duration, err
 	}
 	c.cur.waited = true
 	w := &waiter{deadline: deadline, ready: make(chan error, 1)}
-	if back {
+	switch {
+	case c.byDeadlineLocked():
+		c.line = slices.Insert(c.line, deadlineIndex(c.line, deadline), w)
+	case back:
 		c.line = slices.Insert(c.line, 0, w)
-	} else {
+	default:
 		c.line = append(c.line, w)
 	}
 	c.serveLocked(now)
