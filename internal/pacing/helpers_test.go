@@ -87,9 +87,16 @@ func driveEach(t *testing.T, c *Controller, clk *testutil.Clock, outcome func(ti
 	ctx, cancel := context.WithDeadline(context.Background(), clk.Now().Add(time.Hour))
 	defer cancel()
 	const step, per, steps = 10 * time.Millisecond, 6, 1000
+	settled := func(n int) {
+		testutil.Eventually(t, "every attempt sent and answered, lost or waiting", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return r.sent+r.lost+c.State().Waiting == n
+		})
+	}
 	for i := range steps {
 		late := i >= steps/2
-		for range per {
+		for k := range per {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -110,14 +117,13 @@ func driveEach(t *testing.T, c *Controller, clk *testutil.Clock, outcome func(ti
 				}
 				c.Done(o)
 			}()
+			// One at a time: each attempt is sent and answered, lost or
+			// waiting before the next asks, so that what the controller
+			// sees does not depend on how the goroutines were scheduled.
+			settled(per*i + k + 1)
 		}
-		testutil.Eventually(t, "every attempt of the step sent, lost or waiting", func() bool {
-			mu.Lock()
-			n := r.sent + r.lost
-			mu.Unlock()
-			return n+c.State().Waiting == per*(i+1)
-		})
 		clk.Advance(step)
+		settled(per * (i + 1)) // and those the tick let go are answered
 		if r.ended < 0 && !c.Pacing() {
 			r.ended = time.Duration(i+1) * step
 		}
