@@ -3,6 +3,7 @@ package pacing
 import (
 	"context"
 	"slices"
+	"sort"
 	"time"
 )
 
@@ -195,13 +196,7 @@ func compareDeadlines(a, b time.Time) int {
 // deadlineIndex is where a waiter with deadline goes in a line in deadline
 // order: after every waiter whose deadline is not later.
 func deadlineIndex(line []*waiter, deadline time.Time) int {
-	i, _ := slices.BinarySearchFunc(line, deadline, func(w *waiter, d time.Time) int {
-		if compareDeadlines(w.deadline, d) <= 0 {
-			return -1
-		}
-		return 1
-	})
-	return i
+	return sort.Search(len(line), func(i int) bool { return compareDeadlines(line[i].deadline, deadline) > 0 })
 }
 
 // drainingLocked reports whether the line drains: the server answers
