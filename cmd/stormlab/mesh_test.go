@@ -235,19 +235,31 @@ func runMesh(t *testing.T, lab *MeshLab, sc Scenario, scale float64, names ...st
 }
 
 // TestTimingMeshOutageShapes runs the chain in this process through the
-// leaf's outage, at scale 2: gRPC's retry at every hop multiplies the
-// leaf's attempts per user call well above those of herdguard at the last
-// hop only, and the server half keeps them within 1.1 times, with as many
-// calls ok less 2 points. It counts arrivals in 50 ms windows: make test
-// runs it without the race detector.
+// leaf's outage: gRPC's retry at every hop multiplies the leaf's attempts
+// per user call well above those of herdguard at the last hop only, and
+// the server half keeps them within 1.1 times, with as many calls ok less
+// 2 points. It counts arrivals in 50 ms windows: make test runs it
+// without the race detector.
+//
+// The whole chain shares this process's cores, so it goes at scale 1
+// (600 user calls/s). At scale 2 a CI machine a little slower than this
+// one starved the chain of CPU and the comparison measured the machine:
+// the server half got 92.0 % ok against 97.7 %. With a busy loop beside
+// it on 2 cores, scale 2 put the server half 2.4-17 points behind the
+// last hop only in 4 runs of 5; scale 1 put it within 0.4 points in 4 of
+// 4. Idle, gRPC's retry is calmer at scale 1 too: its propagated
+// deadlines ran at most 113 ms late (145-197 ms at scale 2). With the busy
+// loop, both scales let a few of its 60 000 attempts run past
+// DeadlineSlack (up to 341 ms): on a machine that much slower this test
+// fails on the control's deadlines.
 func TestTimingMeshOutageShapes(t *testing.T) {
 	if raceEnabled {
 		t.Skip("counts arrivals in 50 ms windows, which the race detector blurs; make test runs it without -race")
 	}
 	if testing.Short() {
-		t.Skip("the mesh runs take about 20 s")
+		t.Skip("the mesh runs take about 40 s")
 	}
-	rs := runMesh(t, &MeshLab{}, SteadyOutage(), 2, MeshGRPCRetry, MeshServerHalf, MeshLastHop)
+	rs := runMesh(t, &MeshLab{}, SteadyOutage(), 1, MeshGRPCRetry, MeshServerHalf, MeshLastHop)
 	grpcRetry, half, last := rs[MeshGRPCRetry], rs[MeshServerHalf], rs[MeshLastHop]
 	if g, l := grpcRetry.AttemptsPerCall(), last.AttemptsPerCall(); g < 3*l {
 		t.Errorf("gRPC retry at every layer: %.2f leaf attempts per user call, the last hop only %.2f: want at least 3 times", g, l)
