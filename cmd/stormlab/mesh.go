@@ -192,10 +192,23 @@ func MeshScenariosNamed(name string) ([]Scenario, bool) {
 
 // MeshResult is one run of a mesh strategy: what the user's client
 // counted, and the leaf's counts (Result.Stats), which make the attempts
-// per user call; and what the leaf saw of its attempts' deadlines.
+// per user call; what the leaf saw of its attempts' deadlines; and how
+// many of its attempts were made for retries above the leaf's caller.
 type MeshResult struct {
 	Result
 	Deadlines DeadlineCounts
+	// RetriedAbove is the leaf's attempts made for a retry or hedge of a
+	// layer above the leaf's caller (LeafCounts.RetriedAbove).
+	RetriedAbove int64
+}
+
+// RetriedAbovePerCall is the leaf's attempts made for retries above the
+// leaf's caller, per user call; 0 without calls.
+func (r MeshResult) RetriedAbovePerCall() float64 {
+	if r.Calls == 0 {
+		return 0
+	}
+	return float64(r.RetriedAbove) / float64(r.Calls)
 }
 
 // MeshLab runs the chain of the mesh lab: user client → gateway → service
@@ -267,17 +280,18 @@ func (l *MeshLab) Run(ctx context.Context, sc Scenario, ms MeshStrategy, scale f
 	if err != nil {
 		return res, err
 	}
-	res.Deadlines, err = readDeadlinesAt(ctx, ch.leaf)
+	lc, err := readLeafCountsAt(ctx, ch.leaf)
+	res.Deadlines, res.RetriedAbove = lc.Deadlines, lc.RetriedAbove
 	return res, err
 }
 
-func readDeadlinesAt(ctx context.Context, addr string) (DeadlineCounts, error) {
+func readLeafCountsAt(ctx context.Context, addr string) (LeafCounts, error) {
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return DeadlineCounts{}, err
+		return LeafCounts{}, err
 	}
 	defer cc.Close()
-	return ReadDeadlines(ctx, demov1.NewGatewayServiceClient(cc))
+	return ReadLeafCounts(ctx, demov1.NewGatewayServiceClient(cc))
 }
 
 // chain is a started chain: the address the user's client calls, the

@@ -13,8 +13,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/herdguard/herdguard/internal/wire"
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
 
@@ -38,8 +40,9 @@ func serveTier(t *testing.T, next string, dial []grpc.DialOption, opts ...grpc.S
 }
 
 // TestTierForwardsStatusAndDeadline: through two in-process tiers (three
-// hops), a charge reaches the leaf with a deadline within the user's, and
-// the leaf's status codes come back to the user as they were.
+// hops), a charge reaches the leaf with a deadline within the user's, a
+// retry of the user's is counted at the leaf as made for a retry above,
+// and the leaf's status codes come back to the user as they were.
 func TestTierForwardsStatusAndDeadline(t *testing.T) {
 	leaf, leafAddr, stop, err := ServeLoopback(Faults{})
 	if err != nil {
@@ -72,12 +75,31 @@ func TestTierForwardsStatusAndDeadline(t *testing.T) {
 	if d.MaxExcess > DeadlineSlack || d.MaxExcess < -DeadlineSlack {
 		t.Errorf("the leaf's deadline was %v past the user's (%v): want within %v", d.MaxExcess, user, DeadlineSlack)
 	}
-	if got, err := ReadDeadlines(ctx, client); status.Code(err) != codes.Unimplemented {
+	if n := leaf.RetriedAbove(); n != 0 {
+		t.Errorf("a first attempt through the tiers: the leaf counted %d attempts for retries above, want 0", n)
+	}
+	// A retry of the user's, in each client's words, is marked at the
+	// gateway and passed on by the service: the leaf counts it. A first
+	// attempt in the same words is not.
+	for i, kv := range [][2]string{
+		{wire.AttemptKey, "2"}, {"grpc-previous-rpc-attempts", "1"}, {"x-retry-attempt", "1"},
+		{wire.AttemptKey, "1"}, {"grpc-previous-rpc-attempts", "0"}, {"x-retry-attempt", "0"},
+	} {
+		want := int64(min(i+1, 3))
+		if _, err := client.Charge(metadata.AppendToOutgoingContext(ctx, kv[0], kv[1]), &demov1.ChargeRequest{AmountCents: 100}); err != nil {
+			t.Fatalf("charge with %s: %v", kv, err)
+		}
+		if n := leaf.RetriedAbove(); n != want {
+			t.Errorf("after a charge with %s: the leaf counted %d attempts for retries above, want %d", kv, n, want)
+		}
+	}
+	d = leaf.Deadlines()
+	if got, err := ReadLeafCounts(ctx, client); status.Code(err) != codes.Unimplemented {
 		t.Errorf("GetStats at a tier = %+v, %v: want Unimplemented (counts are the leaf's)", got, err)
 	}
 	ctl := demov1.NewGatewayServiceClient(dialLoopback(t, leafAddr))
-	if got, err := ReadDeadlines(ctx, ctl); err != nil || got != d {
-		t.Errorf("ReadDeadlines at the leaf = %+v, %v: want %+v", got, err, d)
+	if got, err := ReadLeafCounts(ctx, ctl); err != nil || got != (LeafCounts{Deadlines: d, RetriedAbove: 3}) {
+		t.Errorf("ReadLeafCounts at the leaf = %+v, %v: want %+v and 3 retried above", got, err, d)
 	}
 
 	// The status codes are kept: the leaf's own answer, and its faults'.
@@ -98,6 +120,9 @@ func TestTierForwardsStatusAndDeadline(t *testing.T) {
 	}
 	if s, _ := ctl.GetStats(ctx, &demov1.GetStatsRequest{}); s.GetAttempts() != 1 {
 		t.Errorf("the leaf saw %d attempts since the reset, want 1: no tier retries without a strategy", s.GetAttempts())
+	}
+	if n := leaf.RetriedAbove(); n != 0 {
+		t.Errorf("after a reset the leaf counts %d attempts for retries above, want 0", n)
 	}
 }
 
@@ -178,7 +203,7 @@ func TestWriteMeshTableAndSVG(t *testing.T) {
 		}
 		return MeshResult{Result: Result{Strategy: name, Calls: 100, Succeeded: ok, Steady: st,
 			Stats: &demov1.GetStatsResponse{Attempts: leaf, WindowMs: 100, Windows: []*demov1.Window{{FirstAttempts: 10}, {FirstAttempts: 10, Retries: 20}}}},
-			Deadlines: DeadlineCounts{Stamped: leaf, MaxExcess: time.Millisecond}}
+			Deadlines: DeadlineCounts{Stamped: leaf, MaxExcess: time.Millisecond}, RetriedAbove: max(leaf-103, 0)}
 	}
 	rows := []MeshSummary{
 		SummarizeMesh(run(MeshGRPCRetry, 900, 25)),
@@ -190,7 +215,9 @@ func TestWriteMeshTableAndSVG(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"9.00", "1.05", "every one of the leaf's 1105 attempts", "100.0 % (latest 1ms past)"} {
+	// gRPC's retry: 9 leaf attempts per call, 7.97 of them for retries
+	// above; the server half 1.05 times the last hop only's.
+	for _, want := range []string{"9.00", "7.97", "1.05", "every one of the leaf's 1105 attempts", "100.0 % (latest 1ms past)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
@@ -228,7 +255,7 @@ func runMesh(t *testing.T, lab *MeshLab, sc Scenario, scale float64, names ...st
 		if err != nil {
 			t.Fatalf("%s: %v", n, err)
 		}
-		t.Logf("%-32s leaf attempts/call %.2f, ok %d of %d, deadlines %+v, outcomes %v", n, r.AttemptsPerCall(), r.Succeeded, r.Calls, r.Deadlines, r.Outcomes)
+		t.Logf("%-32s leaf attempts/call %.2f (%.2f for retries above), ok %d of %d, deadlines %+v, outcomes %v", n, r.AttemptsPerCall(), r.RetriedAbovePerCall(), r.Succeeded, r.Calls, r.Deadlines, r.Outcomes)
 		out[n] = r
 	}
 	return out
@@ -236,9 +263,10 @@ func runMesh(t *testing.T, lab *MeshLab, sc Scenario, scale float64, names ...st
 
 // TestTimingMeshOutageShapes runs the chain in this process through the
 // leaf's outage: gRPC's retry at every hop multiplies the leaf's attempts
-// per user call well above those of herdguard at the last hop only, and
-// the server half keeps them within 1.1 times, with as many calls ok less
-// 2 points. It counts arrivals in 50 ms windows: make test runs it
+// per user call well above those of herdguard at the last hop only, most
+// of them made for retries above the leaf's caller, and the server half
+// keeps them within 1.1 times, with next to none for retries above, and
+// as many calls ok less 2 points. It counts arrivals in 50 ms windows: make test runs it
 // without the race detector.
 //
 // The whole chain shares this process's cores, so it goes at scale 1
@@ -266,6 +294,19 @@ func TestTimingMeshOutageShapes(t *testing.T) {
 	}
 	if h, l := half.AttemptsPerCall(), last.AttemptsPerCall(); h > 1.1*l {
 		t.Errorf("the server half: %.2f leaf attempts per user call, the last hop only %.2f: want at most 1.1 times", h, l)
+	}
+	// Where the multiplication comes from: gRPC's retry above the leaf's
+	// caller makes most of its leaf attempts; the server half's layers
+	// above retry nothing the leaf sees (a transport blip is allowed 1 in
+	// 100 calls); and above the last hop only no layer retries at all.
+	if a, n := grpcRetry.RetriedAbove, grpcRetry.Stats.GetAttempts(); 2*a < n {
+		t.Errorf("gRPC retry at every layer: %d of the leaf's %d attempts made for retries above the leaf's caller: want at least half", a, n)
+	}
+	if a := half.RetriedAbovePerCall(); a > 0.01 {
+		t.Errorf("the server half: %.3f leaf attempts per user call made for retries above the leaf's caller: want at most 0.01", a)
+	}
+	if a := last.RetriedAbove; a != 0 {
+		t.Errorf("the last hop only: %d leaf attempts made for retries above the leaf's caller: want none", a)
 	}
 	if h, l := okShare(half.Result), okShare(last.Result); h < l-2 {
 		t.Errorf("the server half: %.1f %% of calls ok, the last hop only %.1f %%: want at most 2 points fewer", h, l)

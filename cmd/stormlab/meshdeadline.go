@@ -20,8 +20,18 @@ const (
 	// on as it is; nothing else is passed on.
 	UserDeadlineKey = "stormlab-user-deadline"
 	// DeadlinesTrailerKey is the GetStats trailer that carries the
-	// server's DeadlineCounts (see ReadDeadlines).
+	// server's DeadlineCounts (see ReadLeafCounts).
 	DeadlinesTrailerKey = "stormlab-deadlines"
+	// RetriedAboveKey is the request metadata a tier adds to what it
+	// sends on when the request it serves is a retry or a hedge of the
+	// layer above (by the metadata each client sends: herdguard's attempt
+	// number, gRPC's count of previous attempts, go-grpc-middleware's retry
+	// number) or carries the mark itself. The leaf counts the attempts
+	// that carry it: the load the retries above the leaf's caller add.
+	RetriedAboveKey = "stormlab-retried-above"
+	// RetriedAboveTrailerKey is the GetStats trailer that carries how many
+	// attempts came with RetriedAboveKey (see ReadLeafCounts).
+	RetriedAboveTrailerKey = "stormlab-retried-above"
 )
 
 // DeadlineSlack is how much later than the user's deadline an attempt's
@@ -98,18 +108,43 @@ func (s *Server) Deadlines() DeadlineCounts {
 	return s.deadline
 }
 
-// ReadDeadlines asks a demo server for its DeadlineCounts (the trailer of
+// RetriedAbove returns how many attempts since the last reset carried
+// RetriedAboveKey: those a retry or hedge above the leaf's caller made.
+func (s *Server) RetriedAbove() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.retriedAbove
+}
+
+// LeafCounts are what the mesh lab's leaf saw of its attempts, beside its
+// GetStats counts.
+type LeafCounts struct {
+	Deadlines DeadlineCounts
+	// RetriedAbove is the attempts that carried RetriedAboveKey: those
+	// made for a retry or hedge of a layer above the leaf's caller.
+	RetriedAbove int64
+}
+
+// ReadLeafCounts asks a demo server for its LeafCounts (the trailers of
 // GetStats).
-func ReadDeadlines(ctx context.Context, ctl demov1.GatewayServiceClient) (DeadlineCounts, error) {
+func ReadLeafCounts(ctx context.Context, ctl demov1.GatewayServiceClient) (LeafCounts, error) {
 	var tr metadata.MD
 	if _, err := ctl.GetStats(ctx, &demov1.GetStatsRequest{}, grpc.Trailer(&tr)); err != nil {
-		return DeadlineCounts{}, err
+		return LeafCounts{}, err
 	}
-	v := tr.Get(DeadlinesTrailerKey)
-	if len(v) == 0 {
-		return DeadlineCounts{}, fmt.Errorf("stormlab: the server sent no %s trailer", DeadlinesTrailerKey)
+	d, a := tr.Get(DeadlinesTrailerKey), tr.Get(RetriedAboveTrailerKey)
+	if len(d) == 0 || len(a) == 0 {
+		return LeafCounts{}, fmt.Errorf("stormlab: the server sent no %s or %s trailer", DeadlinesTrailerKey, RetriedAboveTrailerKey)
 	}
-	return ParseDeadlineCounts(v[0])
+	var c LeafCounts
+	var err error
+	if c.Deadlines, err = ParseDeadlineCounts(d[0]); err != nil {
+		return LeafCounts{}, err
+	}
+	if c.RetriedAbove, err = strconv.ParseInt(a[0], 10, 64); err != nil {
+		return LeafCounts{}, fmt.Errorf("stormlab: %s %q: %w", RetriedAboveTrailerKey, a[0], err)
+	}
+	return c, nil
 }
 
 // UserDeadline returns the user's deadline that the request being served
@@ -138,12 +173,25 @@ func StampUserDeadline() grpc.UnaryClientInterceptor {
 	}
 }
 
-// passUserDeadline returns ctx, the request a tier serves, with the
-// user's deadline it carries (if any) added to its outgoing metadata.
-func passUserDeadline(ctx context.Context) context.Context {
-	v := metadata.ValueFromIncomingContext(ctx, UserDeadlineKey)
-	if len(v) == 0 {
+// passOn returns ctx, the request a tier serves, with the user's deadline
+// it carries (if any) added to its outgoing metadata, and RetriedAboveKey
+// if the request is a retry or a hedge, or carries that mark.
+func passOn(ctx context.Context) context.Context {
+	var kv []string
+	if v := metadata.ValueFromIncomingContext(ctx, UserDeadlineKey); len(v) > 0 {
+		kv = append(kv, UserDeadlineKey, v[0])
+	}
+	if retriedAbove(ctx) || isRetry(ctx) {
+		kv = append(kv, RetriedAboveKey, "1")
+	}
+	if len(kv) == 0 {
 		return ctx
 	}
-	return metadata.AppendToOutgoingContext(ctx, UserDeadlineKey, v[0])
+	return metadata.AppendToOutgoingContext(ctx, kv...)
+}
+
+// retriedAbove reports whether the request being served carries
+// RetriedAboveKey.
+func retriedAbove(ctx context.Context) bool {
+	return len(metadata.ValueFromIncomingContext(ctx, RetriedAboveKey)) > 0
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,16 +17,20 @@ import (
 type MeshSummary struct {
 	Summary
 	Deadlines DeadlineCounts
-	Typical   MeshResult // the median run (MedianRun), to chart
+	// RetriedAbovePerCall is the median of the runs' leaf attempts made
+	// for retries above the leaf's caller, per user call.
+	RetriedAbovePerCall float64
+	Typical             MeshResult // the median run (MedianRun), to chart
 }
 
 // SummarizeMesh returns the row of one mesh strategy's runs; runs must
 // not be empty.
 func SummarizeMesh(runs ...MeshResult) MeshSummary {
 	rs := make([]Result, len(runs))
+	above := make([]float64, len(runs))
 	var d DeadlineCounts
 	for i, r := range runs {
-		rs[i] = r.Result
+		rs[i], above[i] = r.Result, r.RetriedAbovePerCall()
 		if i == 0 || r.Deadlines.MaxExcess > d.MaxExcess {
 			d.MaxExcess = r.Deadlines.MaxExcess
 		}
@@ -34,7 +39,8 @@ func SummarizeMesh(runs ...MeshResult) MeshSummary {
 		d.Late += r.Deadlines.Late
 	}
 	typical := MedianRun(rs)
-	out := MeshSummary{Summary: Summarize(rs...), Deadlines: d}
+	slices.Sort(above)
+	out := MeshSummary{Summary: Summarize(rs...), Deadlines: d, RetriedAbovePerCall: above[len(above)/2]}
 	for _, r := range runs {
 		if r.Strategy == typical.Strategy && r.Succeeded == typical.Succeeded && r.Stats == typical.Stats {
 			out.Typical = r
@@ -55,7 +61,8 @@ func MeshRow(rows []MeshSummary, name string) (MeshSummary, bool) {
 
 // WriteMeshTable prints one row per mesh strategy of one scenario (sc, at
 // full scale): the leaf's attempts per user call, also as a multiple of
-// the last-hop-only row's; the user's calls ok; the ok calls' p50 and p99;
+// the last-hop-only row's, and how many of them were made for retries
+// above the leaf's caller; the user's calls ok; the ok calls' p50 and p99;
 // the recovery after the trigger (for a leaf with one); and the share of
 // the leaf's attempts whose deadline was within their user's. A line
 // under it says what the deadlines were. It reports; it does not grade.
@@ -68,7 +75,7 @@ func WriteMeshTable(w io.Writer, sc Scenario, rows []MeshSummary) error {
 	}
 	ref, hasRef := MeshRow(rows, MeshLastHop)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "strategy\tleaf attempts / user call\t× last hop only\tcalls ok\tok %\tp50\tp99\trecovery after trigger\tleaf deadlines within user's\t")
+	fmt.Fprintln(tw, "strategy\tleaf attempts / user call\t× last hop only\tfor retries above\tcalls ok\tok %\tp50\tp99\trecovery after trigger\tleaf deadlines within user's\t")
 	var all DeadlineCounts
 	for i, s := range rows {
 		times := ""
@@ -82,7 +89,7 @@ func WriteMeshTable(w io.Writer, sc Scenario, rows []MeshSummary) error {
 				rec = "never"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%s\t%d\t%.1f %%\t%s\t%s\t%s\t%.1f %% (latest %s past)\t\n", s.Strategy, s.AttemptsPerCall, times, s.OK, s.OKShare(),
+		fmt.Fprintf(tw, "%s\t%.2f\t%s\t%.2f\t%d\t%.1f %%\t%s\t%s\t%s\t%.1f %% (latest %s past)\t\n", s.Strategy, s.AttemptsPerCall, times, s.RetriedAbovePerCall, s.OK, s.OKShare(),
 			fmtLatency(s.P50), fmtLatency(s.P99), rec, s.Deadlines.Within(), fmtExcess(s.Deadlines.MaxExcess))
 		all.Stamped, all.None, all.Late = all.Stamped+s.Deadlines.Stamped, all.None+s.Deadlines.None, all.Late+s.Deadlines.Late
 		if i == 0 || s.Deadlines.MaxExcess > all.MaxExcess {
@@ -122,7 +129,9 @@ const MeshLegend = `mesh: a chain of processes on 127.0.0.1, user client -> gate
 forwards the charge with the request's context (its deadline goes down) and answers with the error as it came.
 The leaf is the demo server with the scenario's faults; the user's load is the scenario's, fired at the gateway.
 leaf attempts / user call: the attempts the leaf received per call the user started; x last hop only: as a
-multiple of "herdguard at the last hop only" (retries at one layer, the one above the failure). calls ok, ok %,
+multiple of "herdguard at the last hop only" (retries at one layer, the one above the failure); for retries
+above: those of them, per user call, made for a retry or hedge of a layer above the leaf's caller (each tier
+marks what it sends on for a request that is one, or carries the mark). calls ok, ok %,
 p50, p99 (of the ok calls), recovery: counted by the user's client, as in the steady tables. leaf deadlines
 within user's: the share of leaf attempts whose own deadline was no later than their user's (which rides along
 in metadata), up to 250 ms of transit, and how late the latest was. Every retrying client makes at most 3

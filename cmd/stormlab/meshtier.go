@@ -21,7 +21,8 @@ import (
 
 // Tier is one tier of a mesh: a gateway whose Charge forwards the request
 // to the next tier, with the request's own context (its deadline goes
-// down with it) and the user's deadline stamp (UserDeadlineKey), through
+// down with it), the user's deadline stamp (UserDeadlineKey) and, for a
+// request that is a retry above or carries the mark, RetriedAboveKey, through
 // a client the tier's mesh strategy configures, and answers with what
 // came back, the error as it is (its status code kept). It serves nothing
 // else: resets and counts go to the leaf.
@@ -47,7 +48,7 @@ func NewTier(next string, dial []grpc.DialOption) (*Tier, error) {
 
 // Charge forwards the request to the next tier.
 func (t *Tier) Charge(ctx context.Context, req *demov1.ChargeRequest) (*demov1.ChargeResponse, error) {
-	return t.next.Charge(passUserDeadline(ctx), req)
+	return t.next.Charge(passOn(ctx), req)
 }
 
 // Register adds the tier to a new gRPC server made with opts (for

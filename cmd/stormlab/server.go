@@ -207,6 +207,8 @@ type Server struct {
 	overload overload
 	queueEnd time.Time // the gentle model's last service slot given out
 	deadline DeadlineCounts
+	// retriedAbove counts the attempts that carried RetriedAboveKey.
+	retriedAbove int64
 }
 
 // tenth counts the arrivals of a tenth of a window.
@@ -248,6 +250,7 @@ func (s *Server) reset(f Faults) {
 	s.overload = overload{recoveredAt: -1}
 	s.queueEnd = time.Time{}
 	s.deadline = DeadlineCounts{}
+	s.retriedAbove = 0
 }
 
 // Register adds the gateway and its fault-injecting, counting interceptors
@@ -310,9 +313,13 @@ func (s *Server) arrive(ctx context.Context) (w *demov1.Window, queued time.Dura
 	retry := isRetry(ctx)
 	dl, hasDeadline := ctx.Deadline()
 	user, stamped := UserDeadline(ctx)
+	above := retriedAbove(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.deadline.add(dl, hasDeadline, user, stamped)
+	if above {
+		s.retriedAbove++
+	}
 	now := s.now()
 	if s.start.IsZero() {
 		s.start, s.overload.windowStart = now, now
@@ -590,12 +597,14 @@ func (s *Server) UploadReceipts(stream grpc.ClientStreamingServer[demov1.UploadR
 // GetStats returns the counts since the last reset, times since the clock
 // started (at the first counted arrival).
 //
-// Its trailer DeadlinesTrailerKey says how the attempts' deadlines compared
-// with their users' (see ReadDeadlines).
+// Its trailers say how the attempts' deadlines compared with their users'
+// (DeadlinesTrailerKey) and how many were made for retries above the
+// leaf's caller (RetriedAboveTrailerKey); see ReadLeafCounts.
 func (s *Server) GetStats(ctx context.Context, _ *demov1.GetStatsRequest) (*demov1.GetStatsResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_ = grpc.SetTrailer(ctx, metadata.Pairs(DeadlinesTrailerKey, s.deadline.String()))
+	_ = grpc.SetTrailer(ctx, metadata.Pairs(DeadlinesTrailerKey, s.deadline.String(),
+		RetriedAboveTrailerKey, strconv.FormatInt(s.retriedAbove, 10)))
 	now := s.now()
 	if s.faults.Model == ModelSticky && s.faults.limited() {
 		s.advanceLocked(now)
