@@ -225,6 +225,11 @@ func TestWriteMeshTableAndSVG(t *testing.T) {
 	if errs := MeshHarm(rows); len(errs) != 0 {
 		t.Errorf("MeshHarm = %v, want none", errs)
 	}
+	lo, mid, hi := run(MeshGRPCRetry, 900, 25), run(MeshGRPCRetry, 900, 25), run(MeshGRPCRetry, 900, 25)
+	lo.RetriedAbove, mid.RetriedAbove = 0, 500
+	if got := SummarizeMesh(hi, lo, mid).RetriedAbovePerCall; got != 5 {
+		t.Errorf("the median of 0, 5 and 7.97 leaf attempts per call for retries above = %v, want 5", got)
+	}
 	rows[1] = SummarizeMesh(run(MeshServerHalf, 120, 90))
 	if errs := MeshHarm(rows); len(errs) != 2 {
 		t.Errorf("MeshHarm of 1.2 x the attempts and 9 points fewer ok = %v, want both", errs)
@@ -266,8 +271,8 @@ func runMesh(t *testing.T, lab *MeshLab, sc Scenario, scale float64, names ...st
 // per user call well above those of herdguard at the last hop only, most
 // of them made for retries above the leaf's caller, and the server half
 // keeps them within 1.1 times, with next to none for retries above, and
-// as many calls ok less 2 points. It counts arrivals in 50 ms windows: make test runs it
-// without the race detector.
+// as many calls ok less 2 points. It counts arrivals in 50 ms windows:
+// make test runs it without the race detector.
 //
 // The whole chain shares this process's cores, so it goes at scale 1
 // (600 user calls/s). At scale 2 a CI machine a little slower than this

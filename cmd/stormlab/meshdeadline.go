@@ -17,7 +17,7 @@ const (
 	// deadline (Unix nanoseconds) down a chain of tiers, so that the leaf
 	// can tell whether each attempt's own deadline is within it. The mesh
 	// lab's user client sets it on every attempt, and every tier passes it
-	// on as it is; nothing else is passed on.
+	// on as it is (passOn), beside RetriedAboveKey.
 	UserDeadlineKey = "stormlab-user-deadline"
 	// DeadlinesTrailerKey is the GetStats trailer that carries the
 	// server's DeadlineCounts (see ReadLeafCounts).

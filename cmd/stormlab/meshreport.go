@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"html"
 	"io"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -27,10 +26,9 @@ type MeshSummary struct {
 // not be empty.
 func SummarizeMesh(runs ...MeshResult) MeshSummary {
 	rs := make([]Result, len(runs))
-	above := make([]float64, len(runs))
 	var d DeadlineCounts
 	for i, r := range runs {
-		rs[i], above[i] = r.Result, r.RetriedAbovePerCall()
+		rs[i] = r.Result
 		if i == 0 || r.Deadlines.MaxExcess > d.MaxExcess {
 			d.MaxExcess = r.Deadlines.MaxExcess
 		}
@@ -39,8 +37,7 @@ func SummarizeMesh(runs ...MeshResult) MeshSummary {
 		d.Late += r.Deadlines.Late
 	}
 	typical := MedianRun(rs)
-	slices.Sort(above)
-	out := MeshSummary{Summary: Summarize(rs...), Deadlines: d, RetriedAbovePerCall: above[len(above)/2]}
+	out := MeshSummary{Summary: Summarize(rs...), Deadlines: d, RetriedAbovePerCall: median(runs, MeshResult.RetriedAbovePerCall)}
 	for _, r := range runs {
 		if r.Strategy == typical.Strategy && r.Succeeded == typical.Succeeded && r.Stats == typical.Stats {
 			out.Typical = r

@@ -78,7 +78,7 @@ func Summarize(runs ...Result) Summary {
 }
 
 // median returns the median of f over ss (the upper one of an even count).
-func median[T int | int64 | float64 | time.Duration](ss []Summary, f func(Summary) T) T {
+func median[S any, T int | int64 | float64 | time.Duration](ss []S, f func(S) T) T {
 	v := make([]T, len(ss))
 	for i, s := range ss {
 		v[i] = f(s)
