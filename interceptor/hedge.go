@@ -42,10 +42,6 @@ type hedgeCall struct {
 	// here, does not escape to the heap.
 	c   unaryCall
 	ctx context.Context
-	// catch is true when attempts catch their header and trailer: only a
-	// non-fatal code, throttling, or a caller who asked for them makes them
-	// matter, and gRPC copies what is caught.
-	catch bool
 	// opts are the caller's call options for every attempt, without the
 	// caller's Header, Trailer and Peer options (want): gRPC would fill
 	// those from each attempt as it ends, losers last. The call fills them
@@ -109,8 +105,7 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 	h.sched.startLocked(c.ic, c.p, c.method, c.ic.hedgeRulesFor(c.p, c.method, targetOf(c.cc), c.lim, c.breaker, maxAttempts))
 	h.attempts = h.inline[:0]
 	n := len(c.buf.opts) - catchers
-	h.opts, h.want = splitCatchers(c.buf.opts[:n:n]) // capped, as in attempt
-	h.catch = c.p.nonFatal != 0 || h.sched.throttle != nil || h.want.header != nil || h.want.trailer != nil
+	h.opts, h.want = splitCatchers(c.buf.opts[:n:n]) // capped: appends must not write over the catchers
 	if m, ok := c.reply.(proto.Message); ok {
 		h.replyType = m.ProtoReflect().Type()
 	} else {
@@ -175,13 +170,11 @@ func (h *hedgeCall) newAttemptLocked(n int) *hedgeAttempt {
 	if n == 1 {
 		h.first = hedgeAttempt{n: 1}
 		a = &h.first
-		a.reply, a.opts = c.reply, h.opts
+		a.reply = c.reply
 		a.header, a.trailer = &c.buf.header, &c.buf.trailer
-		if h.catch {
-			a.opts = c.buf.opts // the caller's, then the call's catchers
-			if h.want.any() {
-				a.opts = append(h.opts[:len(h.opts):len(h.opts)], grpc.Header(a.header), grpc.Trailer(a.trailer))
-			}
+		a.opts = c.buf.opts // the caller's, then the call's catchers
+		if h.want.any() {
+			a.opts = append(h.opts[:len(h.opts):len(h.opts)], grpc.Header(a.header), grpc.Trailer(a.trailer))
 		}
 	} else {
 		a = &hedgeAttempt{n: n}
@@ -192,10 +185,7 @@ func (h *hedgeCall) newAttemptLocked(n int) *hedgeAttempt {
 			a.reply = reflect.New(h.replyElem).Interface()
 		}
 		a.header, a.trailer = &a.own.header, &a.own.trailer
-		a.opts = h.opts
-		if h.catch {
-			a.opts = append(h.opts[:len(h.opts):len(h.opts)], grpc.Header(a.header), grpc.Trailer(a.trailer))
-		}
+		a.opts = append(h.opts[:len(h.opts):len(h.opts)], grpc.Header(a.header), grpc.Trailer(a.trailer))
 	}
 	if h.want.peer != nil {
 		a.opts = append(a.opts[:len(a.opts):len(a.opts)], grpc.Peer(&a.own.peer))

@@ -99,7 +99,7 @@ func (b *attemptBuffer) copy(opts []grpc.CallOption, catchPeer bool) {
 	if cap(b.copied) < n+catchers {
 		b.copied = make([]grpc.CallOption, n+catchers)
 	}
-	o := b.copied[: n+catchers : n+catchers] // capped: see attempt
+	o := b.copied[: n+catchers : n+catchers] // capped: an interceptor after this one that appends must not write over the catchers
 	for i := 0; i < len(opts); i++ {
 		o[i] = opts[i]
 	}
@@ -132,8 +132,7 @@ func newAttemptBuffer() any {
 }
 
 // catchers is how many options at the end of attemptBuffer.opts catch the
-// header and the trailer; only attempts that may be retried carry them, as
-// gRPC copies what is caught.
+// header and the trailer.
 const catchers = 2
 
 // unaryCall is one logical unary call: fixed for the call, plus what its
@@ -352,11 +351,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		if c.ctl != nil && live && sent.IsZero() {
 			c.ctl.Sent() // sent while calm: refusals are judged against it
 		}
-		// The header and trailer are caught when another attempt may
-		// follow, and, with throttling, on the last too: gRPC counts a
-		// refused pushback, and no failure after headers, for throttling.
-		catch := attempt < maxAttempts || c.lim != nil && c.lim.throttle != nil
-		c.attempt(actx, attempt, catch, &end)
+		c.attempt(actx, attempt, &end)
 		if c.ctl != nil && live {
 			// An attempt whose context was over before it went out was
 			// never sent: it says nothing of the server's load.
@@ -404,9 +399,13 @@ func (c *unaryCall) notSent(ctx context.Context, n int, last, err error) error {
 // that deadline to the server too, and the server's copy, rounded down on
 // the wire, can end the attempt first.
 //
-// The header and trailer are caught only when catch is true: gRPC copies
-// them for every attempt that asks.
-func (c *unaryCall) attempt(ctx context.Context, n int, catch bool, end *attemptEnd) {
+// Every attempt catches its header and trailer, the last too: a failure
+// after headers was not retried, gRPC counts a refused pushback for
+// throttling, and a trailer that says a layer below gave up (a server
+// half's "don't retry") makes the call give up saying so, out of its
+// breaker's and its overload controller's counts, whichever attempt it
+// comes to.
+func (c *unaryCall) attempt(ctx context.Context, n int, end *attemptEnd) {
 	*end = attemptEnd{n: n}
 	if d := c.p.p.PerAttemptTimeout; d > 0 {
 		var cancel context.CancelFunc
@@ -419,14 +418,7 @@ func (c *unaryCall) attempt(ctx context.Context, n int, catch bool, end *attempt
 		ctx, span = startAttempt(ctx, c.tracer, c.method, n)
 	}
 	c.buf.header, c.buf.trailer = nil, nil
-	opts := c.buf.opts
-	if !catch {
-		// Capped: an interceptor after this one that appends to its
-		// options must not write over the buffer's catchers.
-		n := len(opts) - catchers
-		opts = opts[:n:n]
-	}
-	end.err = c.invoker(ctx, c.method, c.req, c.reply, c.cc, opts...)
+	end.err = c.invoker(ctx, c.method, c.req, c.reply, c.cc, c.buf.opts...)
 	c.ic.attemptEnded(ctx, c.method, span, n, end.err, false, false)
 	if end.err != nil {
 		end.timedOut = end.timedOut && status.Code(end.err) == codes.DeadlineExceeded

@@ -19,8 +19,8 @@ import (
 
 // TestUpperBreakerIgnoresGiveUpsBelow: a layer above a tier whose calls
 // below give up does not open its breaker on the tier's "don't retry"
-// answers, unary or stream, retried or hedged: the tier's layer already
-// retried and judged. The control, the same tier without the package,
+// answers, unary or stream, retried, hedged or sent once (the answer
+// comes to the last attempt): the tier's layer already retried and judged. The control, the same tier without the package,
 // shows that the same breaker opens on the same failures otherwise (3 in
 // a row trip it).
 func TestUpperBreakerIgnoresGiveUpsBelow(t *testing.T) {
@@ -40,13 +40,19 @@ func TestUpperBreakerIgnoresGiveUpsBelow(t *testing.T) {
 			}
 			mid := serve(t, &tier{next: dial(t, serve(t, l), dopts...)}, sopts...)
 			hedged := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour, NonFatalCodes: []codes.Code{codes.Unavailable}}}
+			hedgedFatal := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour}}
 			for _, c := range []struct {
 				kind string
 				p    policy.Policy
-			}{{"unary", fast(3)}, {"stream", fast(3)}, {"unary", hedged}, {"stream", hedged}} {
+			}{{"unary", fast(3)}, {"stream", fast(3)}, {"unary", hedged}, {"stream", hedged}, {"unary", hedgedFatal}, {"stream", hedgedFatal}, {"unary", fast(1)}, {"stream", fast(1)}} {
 				kind := c.kind
-				if c.p.Hedging.On() {
+				switch {
+				case c.p.Hedging.On() && len(c.p.Hedging.NonFatalCodes) == 0:
+					kind += ", hedged, every code fatal"
+				case c.p.Hedging.On():
 					kind += ", hedged"
+				case c.p.MaxAttempts == 1:
+					kind += ", one attempt" // the answer comes to the last attempt
 				}
 				above := herdguard(t, interceptor.WithPolicy(c.p), interceptor.WithoutOverloadControl(),
 					interceptor.WithBreaker(breaker.Settings{ConsecutiveFailures: 3, OpenTimeout: time.Minute}))
@@ -74,7 +80,7 @@ func TestUpperBreakerIgnoresGiveUpsBelow(t *testing.T) {
 
 // TestUpperOverloadIgnoresGiveUpsBelow: a layer above a tier whose calls
 // below give up does not take the tier's "don't retry" answers for
-// overload, unary or stream, retried or hedged: its controller never sheds, where the
+// overload, unary or stream, retried, hedged or sent once: its controller never sheds, where the
 // control, the same tier without the package, soon has the same
 // controller shed.
 func TestUpperOverloadIgnoresGiveUpsBelow(t *testing.T) {
@@ -108,10 +114,13 @@ func TestUpperOverloadIgnoresGiveUpsBelow(t *testing.T) {
 		return shed, made
 	}
 	hedged := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour, NonFatalCodes: []codes.Code{codes.Unavailable}}}
+	hedgedFatal := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour}}
 	for _, c := range []struct {
 		name, kind string
 		p          policy.Policy
-	}{{"unary", "unary", fast(3)}, {"stream", "stream", fast(3)}, {"unary, hedged", "unary", hedged}, {"stream, hedged", "stream", hedged}} {
+	}{{"unary", "unary", fast(3)}, {"stream", "stream", fast(3)}, {"unary, hedged", "unary", hedged}, {"stream, hedged", "stream", hedged},
+		{"unary, hedged, every code fatal", "unary", hedgedFatal}, {"stream, hedged, every code fatal", "stream", hedgedFatal},
+		{"unary, one attempt", "unary", fast(1)}, {"stream, one attempt", "stream", fast(1)}} {
 		kind := c.kind
 		t.Run(c.name, func(t *testing.T) {
 			shed, made := shedWithin(t, kind, c.p, false, 1<<20)
