@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard/interceptor"
 )
@@ -16,7 +17,14 @@ import (
 // call through: grpc.NewClient(target, mesh.DialOptions(ic)...). The
 // client half runs once per call, outside herdguard's retries, so that it
 // sees how the call ended.
+//
+// ic must not be nil: DialOptions panics, saying so, when it is. The client
+// half asks ic which codes its policy retries (Interceptor.Retries).
 func DialOptions(ic *interceptor.Interceptor, opts ...Option) []grpc.DialOption {
+	if ic == nil {
+		panic("mesh: DialOptions: ic is nil; want the *interceptor.Interceptor the connection's calls go through")
+	}
+	opts = append(opts[:len(opts):len(opts)], withRetries(ic.Retries))
 	return append([]grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(UnaryClientInterceptor(opts...)),
 		grpc.WithChainStreamInterceptor(StreamClientInterceptor(opts...)),
@@ -44,7 +52,7 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 		ctx, cancel, cut := c.below(ctx)
 		err := invoker(ctx, method, req, reply, cc, opts...)
 		if err != nil {
-			err = gaveUp(served, err, limited, cut && outOfTime(served, ctx, err))
+			err = c.gaveUp(served, method, err, limited, cut && outOfTime(served, ctx, err))
 		}
 		cancel()
 		return err
@@ -52,18 +60,18 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 }
 
 // gaveUp signals "don't retry" on the request being served if err says
-// the call below gave up or ran out of the time the reserve left it
-// (late), or, for a call limited to one attempt by a retry above, if its
-// failure would have been retried; it returns err, marked as signalled
-// when it did.
-func gaveUp(ctx context.Context, err error, limited, late bool) error {
+// the call below (to method) gave up or ran out of the time the reserve
+// left it (late), or, for a call limited to one attempt by a retry above,
+// if its failure would have been retried; it returns err, marked as
+// signalled when it did. A give-up is named as it is, limited or not.
+func (c config) gaveUp(ctx context.Context, method string, err error, limited, late bool) error {
 	outcome, ok := GaveUp(err)
 	switch {
 	case late:
 		signal(ctx, string(interceptor.OutcomeDeadline))
-	case ok && !limited:
+	case ok:
 		signal(ctx, string(outcome))
-	case limited && retryableAbove(ctx, err):
+	case limited && ctx.Err() == nil && c.retriesCode(method, status.Code(err)):
 		signal(ctx, OutcomeRetriedAbove)
 	default:
 		return err
@@ -87,17 +95,19 @@ func StreamClientInterceptor(opts ...Option) grpc.StreamClientInterceptor {
 		ctx, cancel, cut := c.below(ctx)
 		cs, err := streamer(ctx, desc, cc, method, opts...)
 		if err != nil {
-			err = gaveUp(served, err, limited, cut && outOfTime(served, ctx, err))
+			err = c.gaveUp(served, method, err, limited, cut && outOfTime(served, ctx, err))
 			cancel()
 			return nil, err
 		}
-		return &clientStream{ClientStream: cs, served: served, call: ctx, cut: cut, cancel: cancel, limited: limited}, nil
+		return &clientStream{ClientStream: cs, c: c, method: method, served: served, call: ctx, cut: cut, cancel: cancel, limited: limited}, nil
 	}
 }
 
 // clientStream watches a stream's errors for a give-up.
 type clientStream struct {
 	grpc.ClientStream
+	c       config
+	method  string
 	served  context.Context // the request being served, if any
 	call    context.Context // the stream's own: served, or cut short by the reserve
 	cut     bool
@@ -119,7 +129,7 @@ func (s *clientStream) judge(err error) error {
 		return err
 	}
 	s.done = true
-	return gaveUp(s.served, err, s.limited && !s.received, s.cut && outOfTime(s.served, s.call, err))
+	return s.c.gaveUp(s.served, s.method, err, s.limited && !s.received, s.cut && outOfTime(s.served, s.call, err))
 }
 
 func (s *clientStream) SendMsg(m any) error { return s.judge(s.ClientStream.SendMsg(m)) }

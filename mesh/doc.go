@@ -34,12 +34,16 @@
 // half on the connections its handlers call through:
 //
 //	srv := grpc.NewServer(mesh.ServerOptions()...)
-//	ic, _ := interceptor.New()
-//	cc, _ := grpc.NewClient(target, mesh.DialOptions(ic)...)
+//	ic, err := interceptor.New()
+//	if err != nil { ... }
+//	cc, err := grpc.NewClient(target, append(mesh.DialOptions(ic),
+//		grpc.WithTransportCredentials(creds))...)
 //
 // Handlers must make their calls with the request's context (or one derived
 // from it), as they must for its deadline to propagate. A request whose
-// downstream calls succeed is served exactly as without the package; the
-// server interceptors allocate nothing on that path; the client half
-// allocates the reserve's context for each call below.
+// downstream calls succeed is answered as without the package: no trailer
+// and no attempt added. The server interceptors allocate nothing on that
+// path; the client half sends each call below with the request's deadline
+// less the reserve, which costs a context and its timer per call
+// (BenchmarkClientHalf).
 package mesh

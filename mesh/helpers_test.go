@@ -2,6 +2,7 @@ package mesh_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,7 @@ type leaf struct {
 	demov1.UnimplementedGatewayServiceServer
 	answer func(ctx context.Context, n int64) error
 	// stream, if set, answers ListCharges: it may send before failing.
+	// Without it ListCharges answers as answer does.
 	stream func(ss grpc.ServerStreamingServer[demov1.ListChargesResponse], n int64) error
 
 	attempts atomic.Int64
@@ -57,8 +59,17 @@ func (l *leaf) Charge(ctx context.Context, _ *demov1.ChargeRequest) (*demov1.Cha
 	return &demov1.ChargeResponse{ChargeId: "ok"}, nil
 }
 
+// ListCharges answers as stream says, or, without it, fails as answer
+// says before it sends anything, or sends one message.
 func (l *leaf) ListCharges(req *demov1.ListChargesRequest, ss grpc.ServerStreamingServer[demov1.ListChargesResponse]) error {
-	return l.stream(ss, l.arrive(ss.Context()))
+	n := l.arrive(ss.Context())
+	if l.stream != nil {
+		return l.stream(ss, n)
+	}
+	if err := l.answer(ss.Context(), n); err != nil {
+		return err
+	}
+	return ss.Send(&demov1.ListChargesResponse{ChargeId: "ok"})
 }
 
 // seen returns the metadata of every attempt the leaf received.
@@ -89,16 +100,25 @@ func (t *tier) Charge(ctx context.Context, req *demov1.ChargeRequest) (*demov1.C
 
 func (t *tier) ListCharges(req *demov1.ListChargesRequest, ss grpc.ServerStreamingServer[demov1.ListChargesResponse]) error {
 	t.calls.Add(1)
+	err := t.forward(ss, req)
+	if err != nil && t.wrap != nil {
+		err = t.wrap(err)
+	}
+	return err
+}
+
+// forward passes a ListCharges stream on from the next layer.
+func (t *tier) forward(ss grpc.ServerStreamingServer[demov1.ListChargesResponse], req *demov1.ListChargesRequest) error {
 	cs, err := t.next.ListCharges(ss.Context(), req)
 	if err != nil {
 		return err
 	}
 	for {
 		m, err := cs.Recv()
+		if err == io.EOF {
+			return nil
+		}
 		if err != nil {
-			if err.Error() == "EOF" {
-				return nil
-			}
 			return err
 		}
 		if err := ss.Send(m); err != nil {

@@ -7,7 +7,6 @@ import (
 	"github.com/herdguard/herdguard/internal/wire"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -18,9 +17,9 @@ import (
 const (
 	// GaveUpTrailerKey is the trailer that says which give-up made the
 	// answer "don't retry": its value is the outcome of the call below that
-	// gave up ("exhausted", "shed", "breaker_open", "pushback_stop",
-	// "budget_exhausted"), "deadline" for one that ran out of the time the
-	// deadline reserve left it, or OutcomeRetriedAbove.
+	// gave up ("exhausted", "shed", "breaker_open", "breaker_open_shared",
+	// "pushback_stop", "budget_exhausted"), "deadline" for one that ran out
+	// of the time the deadline reserve left it, or OutcomeRetriedAbove.
 	// A herdguard client stopped by it gives up with OutcomePushbackStop,
 	// and counts the call against neither its breaker nor its overload
 	// controller: the layer below judged.
@@ -33,8 +32,9 @@ const (
 	// RetriesBelowKey is the request metadata that says how many retries
 	// each call made below may still send. herdguard's client half sends
 	// "0" on the calls a request makes when that request is a retry or
-	// arrived with "0" itself: only one layer retries. Other values leave
-	// the layer's own policy in charge.
+	// arrived with "0" itself: only one layer retries. "0" is the only
+	// value it sends or reads; any other leaves the layer's own policy in
+	// charge.
 	RetriesBelowKey = "herdguard-retries-below"
 	// OutcomeRetriedAbove is the GaveUpTrailerKey value of a call that made
 	// its one attempt, and failed with a retryable code, because a layer
@@ -108,20 +108,3 @@ type signalled struct{ error }
 
 func (e signalled) Unwrap() error              { return e.error }
 func (e signalled) GRPCStatus() *status.Status { return status.Convert(e.error) }
-
-// retryableAbove reports whether a single attempt's failure with err would
-// have been retried but for the layer above: herdguard's default retryable
-// codes, or an open breaker or a shed attempt.
-func retryableAbove(ctx context.Context, err error) bool {
-	if ctx.Err() != nil {
-		return false
-	}
-	if _, ok := GaveUp(err); ok {
-		return true
-	}
-	switch status.Code(err) {
-	case codes.Unavailable, codes.ResourceExhausted:
-		return true
-	}
-	return false
-}

@@ -26,7 +26,9 @@ func unavailable(context.Context, int64) error { return status.Error(codes.Unava
 // TestTrailerOnEveryGiveUp sends one call through a middle tier that has
 // both halves to a leaf, and checks the answer: "don't retry" (a pushback
 // of -1 and the outcome) on every way a herdguard call below gives up, and
-// on none of the others, with the handler's status code kept.
+// on none of the others, with the handler's status code kept. Each row
+// runs as a unary call and as a server stream that fails before it sends
+// (the tier passes the stream on, so the stream halves answer).
 func TestTrailerOnEveryGiveUp(t *testing.T) {
 	hang := func(ctx context.Context, _ int64) error {
 		<-ctx.Done()
@@ -66,6 +68,24 @@ func TestTrailerOnEveryGiveUp(t *testing.T) {
 			code:     codes.Unavailable, gaveUp: mesh.OutcomeRetriedAbove, attempts: 1},
 		{name: "not retryable", answer: func(context.Context, int64) error { return status.Error(codes.InvalidArgument, "leaf: bad amount") },
 			code: codes.InvalidArgument, attempts: 1},
+		{name: "a retry above (go-grpc-middleware's mark): one attempt below", answer: unavailable,
+			incoming: metadata.Pairs("x-retry-attempt", "1"),
+			code:     codes.Unavailable, gaveUp: mesh.OutcomeRetriedAbove, attempts: 1},
+		{name: "a first send with go-grpc-middleware's mark", answer: unavailable,
+			incoming: metadata.Pairs("x-retry-attempt", "0"),
+			code:     codes.Unavailable, gaveUp: "exhausted", attempts: 3},
+		{name: "a retry above, open breaker below: named as it is", answer: unavailable,
+			opts:  []interceptor.Option{interceptor.WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Minute})},
+			prime: 1, incoming: metadata.Pairs("grpc-previous-rpc-attempts", "1"),
+			code: codes.Unavailable, gaveUp: "breaker_open", attempts: 3},
+		{name: "a retry above, a code the policy retries", answer: aborted,
+			opts:     []interceptor.Option{interceptor.WithPolicy(retrying(codes.Aborted))},
+			incoming: metadata.Pairs("herdguard-attempt", "2"), code: codes.Aborted, gaveUp: mesh.OutcomeRetriedAbove, attempts: 1},
+		{name: "a retry above, a code only the default policy retries", answer: unavailable,
+			opts:     []interceptor.Option{interceptor.WithPolicy(retrying(codes.Aborted))},
+			incoming: metadata.Pairs("herdguard-attempt", "2"), code: codes.Unavailable, attempts: 1},
+		{name: "a retry above, a code the default policy does not retry", answer: aborted,
+			incoming: metadata.Pairs("herdguard-attempt", "2"), code: codes.Aborted, attempts: 1},
 		{name: "a retry above, not retryable", answer: func(context.Context, int64) error { return status.Error(codes.InvalidArgument, "leaf: bad amount") },
 			incoming: metadata.Pairs("herdguard-attempt", "2"), code: codes.InvalidArgument, attempts: 1},
 		{name: "out of time: the reserve", answer: hang, mopts: []mesh.Option{mesh.WithDeadlineReserve(200 * time.Millisecond)},
@@ -84,35 +104,69 @@ func TestTrailerOnEveryGiveUp(t *testing.T) {
 		}, code: codes.OK, attempts: 3},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			l := &leaf{answer: tt.answer}
-			opts := append([]interceptor.Option{interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl()}, tt.opts...)
-			mid := &tier{next: dial(t, serve(t, l), mesh.DialOptions(herdguard(t, opts...), tt.mopts...)...), wrap: tt.wrap}
-			user := plain(t, serve(t, mid, mesh.ServerOptions()...))
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			for range tt.prime {
-				_, _ = user.Charge(ctx, &demov1.ChargeRequest{})
-			}
-			if tt.timeout > 0 {
-				var c context.CancelFunc
-				ctx, c = context.WithTimeout(ctx, tt.timeout)
-				defer c()
-			}
-			if tt.incoming != nil {
-				ctx = metadata.NewOutgoingContext(ctx, tt.incoming)
-			}
-			var trailer metadata.MD
-			_, err := user.Charge(ctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
-			if got := status.Code(err); got != tt.code {
-				t.Errorf("code %v (%v), want %v", got, err, tt.code)
-			}
-			checkTrailer(t, trailer, tt.gaveUp)
-			if got := l.attempts.Load(); tt.attempts > 0 && got != tt.attempts {
-				t.Errorf("the leaf received %d attempts, want %d", got, tt.attempts)
-			}
-		})
+		for _, kind := range []string{"unary", "stream"} {
+			t.Run(tt.name+", "+kind, func(t *testing.T) {
+				l := &leaf{answer: tt.answer}
+				opts := append([]interceptor.Option{interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl()}, tt.opts...)
+				mid := &tier{next: dial(t, serve(t, l), mesh.DialOptions(herdguard(t, opts...), tt.mopts...)...), wrap: tt.wrap}
+				user := plain(t, serve(t, mid, mesh.ServerOptions()...))
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				for range tt.prime {
+					_, _ = user.Charge(ctx, &demov1.ChargeRequest{})
+				}
+				if tt.timeout > 0 {
+					var c context.CancelFunc
+					ctx, c = context.WithTimeout(ctx, tt.timeout)
+					defer c()
+				}
+				if tt.incoming != nil {
+					ctx = metadata.NewOutgoingContext(ctx, tt.incoming)
+				}
+				var trailer metadata.MD
+				var err error
+				if kind == "unary" {
+					_, err = user.Charge(ctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
+				} else {
+					trailer, err = drain(ctx, user)
+				}
+				if got := status.Code(err); got != tt.code {
+					t.Errorf("code %v (%v), want %v", got, err, tt.code)
+				}
+				checkTrailer(t, trailer, tt.gaveUp)
+				if got := l.attempts.Load(); tt.attempts > 0 && got != tt.attempts {
+					t.Errorf("the leaf received %d attempts, want %d", got, tt.attempts)
+				}
+			})
+		}
 	}
+}
+
+func aborted(context.Context, int64) error { return status.Error(codes.Aborted, "leaf: conflict") }
+
+// retrying is fast(3) retrying only the given codes.
+func retrying(cs ...codes.Code) policy.Policy {
+	p := fast(3)
+	p.RetryableCodes = cs
+	return p
+}
+
+// drain opens a ListCharges stream through c and receives until it ends:
+// its trailer and error (nil for a clean end).
+func drain(ctx context.Context, c demov1.GatewayServiceClient, opts ...grpc.CallOption) (metadata.MD, error) {
+	cs, err := c.ListCharges(ctx, &demov1.ListChargesRequest{}, opts...)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		if _, err = cs.Recv(); err != nil {
+			break
+		}
+	}
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	return cs.Trailer(), err
 }
 
 // checkTrailer checks that trailer says "don't retry" once, because of
@@ -127,7 +181,7 @@ func checkTrailer(t *testing.T, trailer metadata.MD, gaveUp string) {
 		return
 	}
 	if len(push) != 1 || push[0] != "-1" || len(why) != 1 || why[0] != gaveUp {
-		t.Errorf("trailer %v: want grpc-retry-pushback-ms [-1] and %s [%s]", trailer, mesh.GaveUpTrailerKey, gaveUp)
+		t.Errorf("trailer %v (%s %v): want grpc-retry-pushback-ms [-1] and %s [%s]", trailer, mesh.GaveUpTrailerKey, why, mesh.GaveUpTrailerKey, gaveUp)
 	}
 }
 

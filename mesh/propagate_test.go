@@ -85,50 +85,61 @@ func TestOneLayerRetries(t *testing.T) {
 // (gRPC's grpc-previous-rpc-attempts) makes one attempt at every layer
 // below, each passing herdguard-retries-below: 0 on; a first send carries
 // nothing new, and a request whose calls below succeed is answered as
-// without the package.
+// without the package. Unary calls and server streams, which the tiers
+// pass on through the stream halves.
 func TestRetryAboveLimitsEveryLayerBelow(t *testing.T) {
-	var down atomic.Bool
-	c := newChain(t, true, func(context.Context, int64) error {
-		if down.Load() {
-			return status.Error(codes.Unavailable, "leaf: down")
-		}
-		return nil
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	for _, kind := range []string{"unary", "stream"} {
+		t.Run(kind, func(t *testing.T) {
+			var down atomic.Bool
+			c := newChain(t, true, func(context.Context, int64) error {
+				if down.Load() {
+					return status.Error(codes.Unavailable, "leaf: down")
+				}
+				return nil
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			call := func(ctx context.Context) (metadata.MD, error) {
+				if kind == "stream" {
+					return drain(ctx, c.user, interceptor.NoRetry())
+				}
+				var trailer metadata.MD
+				_, err := c.user.Charge(ctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer), interceptor.NoRetry())
+				return trailer, err
+			}
 
-	// A healthy first send: no new metadata below, no trailer above.
-	var trailer metadata.MD
-	if _, err := c.user.Charge(ctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer)); err != nil {
-		t.Fatal(err)
-	}
-	checkTrailer(t, trailer, "")
-	for _, md := range c.leaf.seen() {
-		if v := md.Get(mesh.RetriesBelowKey); len(v) > 0 {
-			t.Errorf("a first send reached the leaf with %s %v, want none", mesh.RetriesBelowKey, v)
-		}
-	}
+			// A healthy first send: no new metadata below, no trailer above.
+			trailer, err := call(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkTrailer(t, trailer, "")
+			for _, md := range c.leaf.seen() {
+				if v := md.Get(mesh.RetriesBelowKey); len(v) > 0 {
+					t.Errorf("a first send reached the leaf with %s %v, want none", mesh.RetriesBelowKey, v)
+				}
+			}
 
-	// A retry from above, to a leaf that refuses it: one attempt at each
-	// layer, and the leaf sees the limit passed on.
-	down.Store(true)
-	before := c.leaf.attempts.Load()
-	gw, svc := c.gateway.calls.Load(), c.service.calls.Load()
-	rctx := metadata.AppendToOutgoingContext(ctx, "grpc-previous-rpc-attempts", "1")
-	trailer = nil
-	_, err := c.user.Charge(rctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer), interceptor.NoRetry())
-	if status.Code(err) != codes.Unavailable {
-		t.Fatalf("retried call: %v, want Unavailable", err)
-	}
-	checkTrailer(t, trailer, mesh.OutcomeRetriedAbove)
-	// The user's hop sent one attempt (NoRetry): what the tiers below did
-	// is what the retry above caused.
-	if g, s, l := c.gateway.calls.Load()-gw, c.service.calls.Load()-svc, c.leaf.attempts.Load()-before; g != 1 || s != 1 || l != 1 {
-		t.Errorf("gateway %d, service %d, leaf %d attempts for a retried call, want 1 each", g, s, l)
-	}
-	seen := c.leaf.seen()
-	if v := seen[len(seen)-1].Get(mesh.RetriesBelowKey); len(v) != 1 || v[0] != "0" {
-		t.Errorf("the leaf saw %s %v, want [0] passed on from the gateway", mesh.RetriesBelowKey, v)
+			// A retry from above, to a leaf that refuses it: one attempt at
+			// each layer, and the leaf sees the limit passed on.
+			down.Store(true)
+			before := c.leaf.attempts.Load()
+			gw, svc := c.gateway.calls.Load(), c.service.calls.Load()
+			trailer, err = call(metadata.AppendToOutgoingContext(ctx, "grpc-previous-rpc-attempts", "1"))
+			if status.Code(err) != codes.Unavailable {
+				t.Fatalf("retried call: %v, want Unavailable", err)
+			}
+			checkTrailer(t, trailer, mesh.OutcomeRetriedAbove)
+			// The user's hop sent one attempt (NoRetry): what the tiers below
+			// did is what the retry above caused.
+			if g, s, l := c.gateway.calls.Load()-gw, c.service.calls.Load()-svc, c.leaf.attempts.Load()-before; g != 1 || s != 1 || l != 1 {
+				t.Errorf("gateway %d, service %d, leaf %d attempts for a retried call, want 1 each", g, s, l)
+			}
+			seen := c.leaf.seen()
+			if v := seen[len(seen)-1].Get(mesh.RetriesBelowKey); len(v) != 1 || v[0] != "0" {
+				t.Errorf("the leaf saw %s %v, want [0] passed on from the gateway", mesh.RetriesBelowKey, v)
+			}
+		})
 	}
 }
 

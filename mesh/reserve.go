@@ -2,7 +2,10 @@ package mesh
 
 import (
 	"context"
+	"slices"
 	"time"
+
+	"github.com/herdguard/herdguard"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -17,6 +20,24 @@ type Option func(*config)
 type config struct {
 	reserve    time.Duration // a fixed reserve, when set
 	reserveSet bool
+	// retries reports whether the connection's herdguard policy retries a
+	// code for a method; nil: herdguard's default retryable codes.
+	retries func(method string, code codes.Code) bool
+}
+
+// withRetries makes the client half ask retries which codes the
+// connection's policy retries (DialOptions passes Interceptor.Retries).
+func withRetries(retries func(string, codes.Code) bool) Option {
+	return func(c *config) { c.retries = retries }
+}
+
+// retriesCode reports whether a call to method that failed with code would
+// have been retried below but for a retry above.
+func (c config) retriesCode(method string, code codes.Code) bool {
+	if c.retries != nil {
+		return c.retries(method, code)
+	}
+	return slices.Contains(herdguard.DefaultRetryableCodes(), code)
 }
 
 // Default deadline reserve: a twentieth of the time the request has left,
@@ -24,7 +45,8 @@ type config struct {
 // and its handler's return; more costs the calls below the time they
 // might have used to succeed: about the reserve times the request rate,
 // per hop, when a line serves its callers at their deadlines (11 calls of
-// 7200 in the mesh lab's outage at 10 ms, none measurable at 3 ms).
+// 7200 in the mesh lab's outage at 10 ms; at 3 ms about 3, below the
+// dozen the outage spreads by from run to run: docs/mesh.md).
 const (
 	reserveShare = 20
 	maxReserve   = 3 * time.Millisecond

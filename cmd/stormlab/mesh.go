@@ -38,8 +38,9 @@ const (
 	MeshLastHop    = "herdguard at the last hop only"
 )
 
-// GGMPeer is the External name of go-grpc-middleware's retry: the module
-// bench's ggm-tier binary has it; herdguard's module does not depend on it.
+// GGMPeer is the External name of go-grpc-middleware's retry: the ggm-tier
+// binary (module cmd, cmd/ggm-tier) has it; herdguard's library module does
+// not depend on it.
 const GGMPeer = "go-grpc-middleware"
 
 // MeshStrategy is what each hop's client of the mesh lab's chain is.
