@@ -83,7 +83,8 @@ func TestOneLayerRetries(t *testing.T) {
 
 // TestRetryAboveLimitsEveryLayerBelow: a user call that is itself a retry
 // (gRPC's grpc-previous-rpc-attempts) makes one attempt at every layer
-// below, each passing herdguard-retries-below: 0 on; a first send carries
+// below, each passing herdguard-retries-below: 0 on, and each answering
+// "don't retry" above it; a first send carries
 // nothing new, and a request whose calls below succeed is answered as
 // without the package. Unary calls and server streams, which the tiers
 // pass on through the stream halves.
@@ -129,7 +130,10 @@ func TestRetryAboveLimitsEveryLayerBelow(t *testing.T) {
 			if status.Code(err) != codes.Unavailable {
 				t.Fatalf("retried call: %v, want Unavailable", err)
 			}
-			checkTrailer(t, trailer, mesh.OutcomeRetriedAbove)
+			// The service's one attempt failed: it answers the gateway
+			// retried_above, and the gateway, whose call below that
+			// "don't retry" stopped, answers the user pushback_stop.
+			checkTrailer(t, trailer, string(interceptor.OutcomePushbackStop))
 			// The user's hop sent one attempt (NoRetry): what the tiers below
 			// did is what the retry above caused.
 			if g, s, l := c.gateway.calls.Load()-gw, c.service.calls.Load()-svc, c.leaf.attempts.Load()-before; g != 1 || s != 1 || l != 1 {
