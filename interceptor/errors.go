@@ -46,9 +46,9 @@ const (
 	// OutcomeFailedAfterCommit: the call failed after it committed, so it
 	// was not retried: the server had sent response headers (gRFC A6), or,
 	// for a stream, the caller had a message, called Context, or the replay
-	// buffer overflowed. A unary call's last allowed attempt is not checked
-	// for headers (no retry could follow): failing with a retryable code,
-	// it ends as exhausted. Every hedge of a hedged call is checked.
+	// buffer overflowed. Every attempt is checked, a unary call's last too,
+	// and every hedge. A committed attempt whose trailer says a layer below
+	// gave up ends as OutcomePushbackStop instead.
 	OutcomeFailedAfterCommit Outcome = "failed_after_commit"
 	// OutcomeShed: the overload controller shed an attempt without sending
 	// it: the server is overloaded and the call's deadline could not be met

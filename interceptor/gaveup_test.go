@@ -21,21 +21,40 @@ import (
 // TestGaveUpBelow: a server that answers "don't retry" because a layer
 // below it gave up (grpc-retry-pushback-ms -1 with herdguard-gave-up) makes
 // a herdguard call give up at once with OutcomePushbackStop, whatever the
-// code and whichever attempt the answer comes to, and the breaker leaves
-// the call out; the control, the same pushback without herdguard-gave-up,
-// is counted and opens the same breaker. Unary calls and server streams,
-// sent once or with 3 attempts.
+// code, whichever attempt the answer comes to, after response headers too
+// (a tier whose middleware sets one), and hedged as well as retried; the
+// breaker leaves the call out. The control, the same pushback without
+// herdguard-gave-up, is counted and opens the same breaker. Unary calls
+// and server streams.
 func TestGaveUpBelow(t *testing.T) {
+	retried := func(attempts int) policy.Policy {
+		p := policy.Default()
+		p.MaxAttempts, p.InitialBackoff = attempts, time.Millisecond
+		return p
+	}
+	hedged := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour}} // every code fatal
 	for _, below := range []bool{true, false} {
 		for _, kind := range []string{"unary", "stream"} {
-			for _, attempts := range []int{1, 3} {
+			for _, v := range []struct {
+				name    string
+				p       policy.Policy
+				headers bool // the server sets a response header first (sent in a frame of its own)
+			}{
+				{"one attempt", retried(1), false},
+				{"3 attempts", retried(3), false},
+				{"3 attempts, after headers", retried(3), true},
+				{"hedged", hedged, false},
+			} {
 				name := map[bool]string{true: "gave up below", false: "control: a pushback alone"}[below]
-				t.Run(name+", "+kind+", "+map[int]string{1: "one attempt", 3: "3 attempts"}[attempts], func(t *testing.T) {
+				t.Run(name+", "+kind+", "+v.name, func(t *testing.T) {
 					trailer := metadata.Pairs("grpc-retry-pushback-ms", "-1")
 					if below {
 						trailer.Set("herdguard-gave-up", "exhausted")
 					}
 					fail := func(ctx context.Context) error {
+						if v.headers {
+							_ = grpc.SetHeader(ctx, metadata.Pairs("request-id", "r1"))
+						}
 						_ = grpc.SetTrailer(ctx, trailer)
 						return status.Error(codes.Unavailable, "tier: the layer below gave up")
 					}
@@ -47,9 +66,7 @@ func TestGaveUpBelow(t *testing.T) {
 							return fail(ss.Context())
 						},
 					})
-					p := policy.Default()
-					p.MaxAttempts, p.InitialBackoff = attempts, time.Millisecond
-					ic, err := interceptor.New(interceptor.WithPolicy(p), interceptor.WithoutOverloadControl(),
+					ic, err := interceptor.New(interceptor.WithPolicy(v.p), interceptor.WithoutOverloadControl(),
 						interceptor.WithBreaker(breaker.Settings{ConsecutiveFailures: 3, OpenTimeout: time.Minute}))
 					if err != nil {
 						t.Fatal(err)
@@ -74,7 +91,7 @@ func TestGaveUpBelow(t *testing.T) {
 						}
 					}
 					if got := srv.Requests(); got != 6-open {
-						t.Errorf("the server received %d attempts for %d calls sent, want one each: a pushback of -1 stops the retries", got, 6-open)
+						t.Errorf("the server received %d attempts for %d calls sent, want one each: a pushback of -1 stops the retries and the hedges", got, 6-open)
 					}
 					if wantOpen := !below; (open > 0) != wantOpen {
 						t.Errorf("%d of 6 calls refused by the breaker, want the breaker open: %v", open, wantOpen)

@@ -172,10 +172,6 @@ func (h *hedgeCall) newAttemptLocked(n int) *hedgeAttempt {
 		a = &h.first
 		a.reply = c.reply
 		a.header, a.trailer = &c.buf.header, &c.buf.trailer
-		a.opts = c.buf.opts // the caller's, then the call's catchers
-		if h.want.any() {
-			a.opts = append(h.opts[:len(h.opts):len(h.opts)], grpc.Header(a.header), grpc.Trailer(a.trailer))
-		}
 	} else {
 		a = &hedgeAttempt{n: n}
 		ctx = h.numbers.context(ctx, n, h.sched.max)
@@ -185,6 +181,10 @@ func (h *hedgeCall) newAttemptLocked(n int) *hedgeAttempt {
 			a.reply = reflect.New(h.replyElem).Interface()
 		}
 		a.header, a.trailer = &a.own.header, &a.own.trailer
+	}
+	if n == 1 && !h.want.any() {
+		a.opts = c.buf.opts // the caller's, then the call's pooled catchers
+	} else {
 		a.opts = append(h.opts[:len(h.opts):len(h.opts)], grpc.Header(a.header), grpc.Trailer(a.trailer))
 	}
 	if h.want.peer != nil {

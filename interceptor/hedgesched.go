@@ -200,20 +200,29 @@ func (h *hedger) overLocked(ctx context.Context) hedgeVerdict {
 // the client's own. A fatal failure decides the call (gRFC A6: a code that
 // is not non-fatal, or headers, which commit the call); after a non-fatal
 // one the next hedge goes at once, or when the server's pushback says.
-// Throttling counts a non-fatal failure and a pushback that says stop.
+// A fatal failure whose trailer says a layer below gave up ends the call
+// as a give-up (OutcomePushbackStop). Throttling counts a non-fatal
+// failure and a pushback that says stop.
 func (h *hedger) failedLocked(ctx context.Context, err error, trailer metadata.MD, headers, clientErr bool) hedgeVerdict {
 	nonFatal := h.p.nonFatalCode(status.Code(err)) && !headers && !clientErr && !clientSide(err) && ctx.Err() == nil
 	wait, ok, present := pushback(trailer)
 	if (nonFatal || present && !ok) && h.throttle != nil {
 		h.throttle.Failure()
 	}
+	below := present && !ok && gaveUpBelow(trailer)
 	if present && !ok {
 		h.noMore, h.stopped = true, true
-		h.gaveUpBelow = h.gaveUpBelow || gaveUpBelow(trailer)
+		h.gaveUpBelow = h.gaveUpBelow || below
 	}
 	switch {
 	case ctx.Err() != nil:
 		return hedgeVerdict{hedgeFatal, err, contextOutcome(ctx.Err())}
+	case below && (headers || !nonFatal):
+		// A layer below gave up, and the failure decides the call: it
+		// gives up too, saying so, whatever the code and the headers,
+		// as a retried call does (decide).
+		sent, _ := h.call.attemptsLocked()
+		return hedgeVerdict{hedgeFatal, &RetryError{Attempts: sent, Outcome: OutcomePushbackStop, Err: err}, OutcomePushbackStop}
 	case headers:
 		return hedgeVerdict{hedgeFatal, err, OutcomeFailedAfterCommit}
 	case !nonFatal:

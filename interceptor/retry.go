@@ -59,7 +59,8 @@ type decision struct {
 // decide says what follows a failed attempt. Unary calls and streams share
 // it, so both retry by exactly the same rules, in gRPC's order: a call that
 // committed (the server sent headers), or whose error is the client's own,
-// ends as it is and takes no throttling token; a pushback that says stop
+// ends as it is and takes no throttling token (a committed one whose
+// trailer says a layer below gave up gives up too); a pushback that says stop
 // takes a token, whatever the code; a call that may not be retried at all
 // (one attempt allowed) ends with the attempt's error as it is; a retryable
 // code takes a token, and then the attempts, the throttling, the deadline
@@ -69,6 +70,14 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 		return decision{outcome: contextOutcome(ctxErr), err: e.err}
 	}
 	if e.headers {
+		if judgedBelow(e.trailer) {
+			// Committed, and a layer below gave up: the call gives up
+			// too, saying so, like one that had not committed (below).
+			// A committed call takes no throttling token.
+			d := stop(OutcomePushbackStop, e.n, e.err)
+			d.gaveUpBelow = true
+			return d
+		}
 		return decision{outcome: OutcomeFailedAfterCommit, err: e.err}
 	}
 	if e.client {

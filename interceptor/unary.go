@@ -43,13 +43,14 @@ import (
 // A call that fails with a code the policy does not retry, that may make a
 // single attempt only, that failed after the server sent headers, or that
 // the caller cancelled, returns gRPC's error as it is. A call whose retries
-// stopped returns a [*RetryError] that carries the last status. The last
-// attempt a call may make is not checked for headers or pushback, as no
-// retry could follow it: a call whose last attempt failed with a retryable
-// code returns a RetryError with outcome exhausted, even if that attempt's
-// server sent headers or a pushback that stops retries. With throttling on
-// the last attempt is checked too, for gRPC counts a stopping pushback
-// there, and so is every hedge of a hedged call.
+// stopped returns a [*RetryError] that carries the last status: out of
+// attempts (exhausted), or stopped by a pushback (pushback_stop), on the
+// last attempt as on any other. Every attempt catches its response headers
+// and trailer, the last too. An answer that says a layer below gave up (a
+// stopping pushback with the herdguard-gave-up trailer: package mesh)
+// makes any call give up with a RetryError (pushback_stop), whatever the
+// code, the attempt and the headers, and leaves it out of the breaker's
+// and the overload controller's counts: the layer below judged.
 //
 // A policy whose Hedging is on ([policy.Hedging], or a service config's
 // hedgingPolicy) hedges instead of retrying, as gRFC A6 says: the first
