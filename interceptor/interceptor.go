@@ -220,17 +220,17 @@ func (ic *Interceptor) DialOptions() []grpc.DialOption {
 }
 
 // Retries reports whether ic would send another attempt of a call to
-// method that failed with code, attempts, time and budget allowing: code is
-// retryable under the policy ic applies to method (its own, its service's,
-// or the default; for a hedged method, a non-fatal code). The mesh
-// package's client half asks it of a call that a retry above limited to
-// one attempt.
+// method that failed with code, time and budget allowing: the policy ic
+// applies to method (its own, its service's, or the default) allows more
+// than one attempt, and code is retryable under it (for a hedged method, a
+// non-fatal code). The mesh package's client half asks it of a call that
+// a retry above limited to one attempt.
 func (ic *Interceptor) Retries(method string, code codes.Code) bool {
 	p, _, _ := ic.policyFor(method, nil)
 	if p.hedged() {
 		return p.nonFatalCode(code)
 	}
-	return p.retryableCode(code)
+	return p.p.MaxAttempts > 1 && p.retryableCode(code)
 }
 
 // Breakers returns the interceptor's circuit breakers, or nil when it has
