@@ -19,10 +19,11 @@ import (
 
 // TestUpperBreakerIgnoresGiveUpsBelow: a layer above a tier whose calls
 // below give up does not open its breaker on the tier's "don't retry"
-// answers, unary or stream, retried, hedged or sent once (the answer
-// comes to the last attempt): the tier's layer already retried and judged. The control, the same tier without the package,
-// shows that the same breaker opens on the same failures otherwise (3 in
-// a row trip it).
+// answers, unary or stream, retried, hedged (with a non-fatal code, or
+// every code fatal) or sent once (the answer comes to the last attempt):
+// the tier's layer already retried and judged. The control, the same
+// tier without the package, shows that the same breaker opens on the same
+// failures otherwise (3 in a row trip it).
 func TestUpperBreakerIgnoresGiveUpsBelow(t *testing.T) {
 	for _, tt := range []struct {
 		name     string
@@ -80,9 +81,9 @@ func TestUpperBreakerIgnoresGiveUpsBelow(t *testing.T) {
 
 // TestUpperOverloadIgnoresGiveUpsBelow: a layer above a tier whose calls
 // below give up does not take the tier's "don't retry" answers for
-// overload, unary or stream, retried, hedged or sent once: its controller never sheds, where the
-// control, the same tier without the package, soon has the same
-// controller shed.
+// overload, unary or stream, retried, hedged or sent once: its controller
+// never sheds, where the control, the same tier without the package, soon
+// has the same controller shed.
 func TestUpperOverloadIgnoresGiveUpsBelow(t *testing.T) {
 	shedWithin := func(t *testing.T, kind string, p policy.Policy, withMesh bool, calls int) (shed, made int) {
 		l := &leaf{answer: unavailable, stream: func(grpc.ServerStreamingServer[demov1.ListChargesResponse], int64) error {

@@ -36,7 +36,10 @@ func DialOptions(ic *interceptor.Interceptor, opts ...Option) []grpc.DialOption 
 //
 // A call made while serving a request that is a retry, or that arrived with
 // RetriesBelowKey "0", is sent once (interceptor.NoRetry) and carries
-// RetriesBelowKey "0" on. A call made while serving a request with a
+// RetriesBelowKey "0" on; if it fails with a code the layer would have
+// retried (herdguard's default retryable codes here; the connection's
+// policy when installed through DialOptions), the request answers "don't
+// retry" with OutcomeRetriedAbove. A call made while serving a request with a
 // deadline is sent with that deadline less a reserve (WithDeadlineReserve).
 // A call that gives up, or runs out of that time, makes the request answer
 // "don't retry" (see package doc).

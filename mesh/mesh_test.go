@@ -74,6 +74,8 @@ func TestTrailerOnEveryGiveUp(t *testing.T) {
 		{name: "a first send with go-grpc-middleware's mark", answer: unavailable,
 			incoming: metadata.Pairs("x-retry-attempt", "0"),
 			code:     codes.Unavailable, gaveUp: "exhausted", attempts: 3},
+		// The prime call is unary; the breaker is the target's, so a
+		// stream is refused by it as it opens.
 		{name: "a retry above, open breaker below: named as it is", answer: unavailable,
 			opts:  []interceptor.Option{interceptor.WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Minute})},
 			prime: 1, incoming: metadata.Pairs("grpc-previous-rpc-attempts", "1"),
@@ -236,6 +238,43 @@ func TestServerHalfAlone(t *testing.T) {
 			_, err := user.Charge(context.Background(), &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
 			if err == nil {
 				t.Fatal("the call succeeded against a leaf that refuses everything")
+			}
+			checkTrailer(t, trailer, tt.gaveUp)
+		})
+	}
+}
+
+// TestServerHalfOrder: the server half alone sees the error the
+// interceptors chained after it return. Chained last, after an interceptor
+// that rewrites errors into new statuses, it sees the handler's give-up
+// and says "don't retry", and the rewrite keeps the trailer; chained
+// before that interceptor it sees only the rewritten status, as the docs
+// warn.
+func TestServerHalfOrder(t *testing.T) {
+	rewrite := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		resp, err := h(ctx, req)
+		if err != nil {
+			err = status.Error(codes.Internal, "charge failed")
+		}
+		return resp, err
+	})
+	tests := []struct {
+		name   string
+		opts   func() []grpc.ServerOption
+		gaveUp string
+	}{
+		{"the server half last", func() []grpc.ServerOption { return append([]grpc.ServerOption{rewrite}, mesh.ServerOptions()...) }, "exhausted"},
+		{"the server half first", func() []grpc.ServerOption { return append(mesh.ServerOptions(), rewrite) }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ic := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+			mid := &tier{next: dial(t, serve(t, &leaf{answer: unavailable}), ic.DialOptions()...)}
+			user := plain(t, serve(t, mid, tt.opts()...))
+			var trailer metadata.MD
+			_, err := user.Charge(context.Background(), &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
+			if status.Code(err) != codes.Internal {
+				t.Fatalf("%v, want the rewritten Internal", err)
 			}
 			checkTrailer(t, trailer, tt.gaveUp)
 		})

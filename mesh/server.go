@@ -10,9 +10,10 @@ import (
 // ServerOptions returns the server half's interceptors as server options:
 // grpc.NewServer(mesh.ServerOptions()...). They chain, so they go beside
 // otelgrpc's stats handler and other interceptors. The server half sees the
-// error the interceptors after it return: one of those that rewrites an
-// error into a new status hides the give-up from it, unless the client
-// half, which signals from the call below, is installed too.
+// error the interceptors after it return: chain it last, for one of those
+// that rewrites an error into a new status hides the give-up from it,
+// unless the client half, which signals from the call below, is installed
+// too.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(UnaryServerInterceptor()),
