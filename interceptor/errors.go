@@ -47,8 +47,8 @@ const (
 	// was not retried: the server had sent response headers (gRFC A6), or,
 	// for a stream, the caller had a message, called Context, or the replay
 	// buffer overflowed. Every attempt is checked, a unary call's last too,
-	// and every hedge. A committed attempt whose trailer says a layer below
-	// gave up ends as OutcomePushbackStop instead.
+	// and every hedge. A committed unary attempt whose trailer says a layer
+	// below gave up ends as OutcomePushbackStop instead.
 	OutcomeFailedAfterCommit Outcome = "failed_after_commit"
 	// OutcomeShed: the overload controller shed an attempt without sending
 	// it: the server is overloaded and the call's deadline could not be met

@@ -217,10 +217,10 @@ func (h *hedger) failedLocked(ctx context.Context, err error, trailer metadata.M
 	switch {
 	case ctx.Err() != nil:
 		return hedgeVerdict{hedgeFatal, err, contextOutcome(ctx.Err())}
-	case below && (headers || !nonFatal):
+	case below && !nonFatal: // headers, too, make a failure fatal
 		// A layer below gave up, and the failure decides the call: it
 		// gives up too, saying so, whatever the code and the headers,
-		// as a retried call does (decide).
+		// as a retried unary call does (decide).
 		sent, _ := h.call.attemptsLocked()
 		return hedgeVerdict{hedgeFatal, &RetryError{Attempts: sent, Outcome: OutcomePushbackStop, Err: err}, OutcomePushbackStop}
 	case headers:

@@ -73,7 +73,9 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 		if judgedBelow(e.trailer) {
 			// Committed, and a layer below gave up: the call gives up
 			// too, saying so, like one that had not committed (below).
-			// A committed call takes no throttling token.
+			// A committed call takes no throttling token. Only a unary
+			// call gets here with its trailer: a stream reads it only
+			// before it commits.
 			d := stop(OutcomePushbackStop, e.n, e.err)
 			d.gaveUpBelow = true
 			return d

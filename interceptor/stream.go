@@ -25,7 +25,10 @@ import (
 // commits when the server's response headers or a message reach it, when
 // the caller calls Context, or when its replay buffer overflows; after that
 // an error reaches the caller as it is. The caller never sees a message
-// twice. What is retried, and the waits, are as for [Interceptor.Unary].
+// twice. What is retried, and the waits, are as for [Interceptor.Unary];
+// a layer below's give-up (package mesh) is seen only in a failure that
+// comes before the stream commits: after it, the failure is counted as any
+// other.
 //
 // The replay buffer holds 256 KiB of encoded messages ([WithStreamBuffer],
 // [CallStreamBuffer]). SendMsg, RecvMsg and Header all drive a retry when

@@ -187,13 +187,13 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 		}
 		if a.cs != nil {
 			// gRFC A6: a server that sent response headers has the call;
-			// only a trailers-only response may be retried. The trailer
-			// is read either way: one that says a layer below gave up
-			// makes even a committed attempt a give-up (decide).
+			// only a trailers-only response may be retried.
 			md, _ := a.cs.Header()
 			end.headers = md != nil
-			end.trailer = a.cs.Trailer()
-			a.judgedBelow = end.err != nil && judgedBelow(end.trailer)
+			if !end.headers {
+				end.trailer = a.cs.Trailer()
+				a.judgedBelow = end.err != nil && judgedBelow(end.trailer)
+			}
 		}
 		if end.headers {
 			s.answered = true

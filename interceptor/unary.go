@@ -48,9 +48,11 @@ import (
 // last attempt as on any other. Every attempt catches its response headers
 // and trailer, the last too. An answer that says a layer below gave up (a
 // stopping pushback with the herdguard-gave-up trailer: package mesh)
-// makes any call give up with a RetryError (pushback_stop), whatever the
-// code, the attempt and the headers, and leaves it out of the breaker's
-// and the overload controller's counts: the layer below judged.
+// makes a unary call give up with a RetryError (pushback_stop), whatever
+// the code, the attempt and the headers, and leaves it out of the
+// breaker's and the overload controller's counts: the layer below judged.
+// A stream does the same for such an answer that comes before it commits
+// (Stream).
 //
 // A policy whose Hedging is on ([policy.Hedging], or a service config's
 // hedgingPolicy) hedges instead of retrying, as gRFC A6 says: the first
