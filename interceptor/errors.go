@@ -48,7 +48,9 @@ const (
 	// for a stream, the caller had a message, called Context, or the replay
 	// buffer overflowed. Every attempt is checked, a unary call's last too,
 	// and every hedge. A committed unary attempt whose trailer says a layer
-	// below gave up ends as OutcomePushbackStop instead.
+	// below gave up ends as OutcomePushbackStop instead; a committed stream
+	// keeps this outcome, and its breaker and overload controller leave
+	// the failure out.
 	OutcomeFailedAfterCommit Outcome = "failed_after_commit"
 	// OutcomeShed: the overload controller shed an attempt without sending
 	// it: the server is overloaded and the call's deadline could not be met

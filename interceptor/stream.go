@@ -25,10 +25,12 @@ import (
 // commits when the server's response headers or a message reach it, when
 // the caller calls Context, or when its replay buffer overflows; after that
 // an error reaches the caller as it is. The caller never sees a message
-// twice. What is retried, and the waits, are as for [Interceptor.Unary];
-// a layer below's give-up (package mesh) is seen only in a failure that
-// comes before the stream commits: after it, the failure is counted as any
-// other.
+// twice. What is retried, and the waits, are as for [Interceptor.Unary].
+// A layer below's give-up (package mesh) that fails the stream before it
+// commits makes it give up as a unary call does; one that fails it after
+// reaches the caller as the server's status, as any error after commit,
+// and neither the breaker nor the overload controller counts it (its
+// trailer is read once RecvMsg has reported the end).
 //
 // The replay buffer holds 256 KiB of encoded messages ([WithStreamBuffer],
 // [CallStreamBuffer]). SendMsg, RecvMsg and Header all drive a retry when
@@ -311,7 +313,7 @@ func (s *retryStream) RecvMsg(m any) error {
 				// It ended OK, or it committed meanwhile (Context, Trailer):
 				// no retry.
 				s.mu.Unlock()
-				ret = s.recvDone(err)
+				ret = s.recvDone(a, err)
 				return stepDone, nil
 			}
 			return stepRetry, err
@@ -378,6 +380,7 @@ func (s *retryStream) Header() (metadata.MD, error) {
 					s.answeredLocked()
 					end = nil
 				}
+				s.belowLocked(a, end)
 				s.finishUnlock(end, true)
 				return stepDone, nil
 			}

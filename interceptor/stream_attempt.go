@@ -58,6 +58,9 @@ type streamAttempt struct {
 	recvMu   sync.Mutex
 	end      error // how RecvMsg reported the attempt ended (io.EOF: OK)
 	endKnown bool
+	// over is set once a RecvMsg on cs has returned an error (io.EOF
+	// included): gRPC's stream is over, and its trailer safe to read.
+	over atomic.Bool
 }
 
 // startLocked opens a new attempt and replays the buffer into it. It
@@ -193,6 +196,11 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 			if !end.headers {
 				end.trailer = a.cs.Trailer()
 				a.judgedBelow = end.err != nil && judgedBelow(end.trailer)
+			} else {
+				// Committed: the failure stands as it is (decide), but a
+				// layer below's give-up is counted by neither the breaker
+				// nor the overload controller.
+				a.judgedBelow = a.judgedBelowOnceOver(end.err)
 			}
 		}
 		if end.headers {
@@ -204,7 +212,7 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 		last = end.err
 		d := s.ic.decide(s.ctx, s.p, &s.bs, s.maxAttempts, end)
 		if !d.retry {
-			s.outcome, s.gaveUpBelow = d.outcome, d.gaveUpBelow
+			s.outcome, s.gaveUpBelow = d.outcome, d.gaveUpBelow || a.judgedBelow
 			return d.err
 		}
 		s.back, s.skipped = inLine(s.ctl, d, end.err), d // the controller's line replaces the backoff wait
@@ -244,8 +252,19 @@ func (a *streamAttempt) recv(m any) error {
 	err := a.cs.RecvMsg(m)
 	if err != nil {
 		a.end, a.endKnown = err, true
+		a.over.Store(true)
 	}
 	return err
+}
+
+// judgedBelowOnceOver reports whether a, which ended with err after the
+// stream committed to it, was failed by a layer below's give-up
+// (judgedBelow): the answer cannot be retried, but it is no evidence
+// against this target either. The trailer is read only once a RecvMsg on
+// a has reported the end (gRPC's contract for Trailer); before that, or
+// for the client's own error, it reports false.
+func (a *streamAttempt) judgedBelowOnceOver(err error) bool {
+	return err != nil && err != io.EOF && a.cs != nil && !a.clientErr && a.over.Load() && judgedBelow(a.cs.Trailer())
 }
 
 // The fates of a stream attempt under a per-attempt timeout.

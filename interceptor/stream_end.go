@@ -117,16 +117,20 @@ func (s *retryStream) recvCommitted(a *streamAttempt, m any) error {
 	if err != nil && err != io.EOF && a.expired() && s.ctx.Err() == nil {
 		err = errExpired() // gRPC says Canceled: the attempt's timeout cancelled it
 	}
-	return s.recvDone(err)
+	return s.recvDone(a, err)
 }
 
-// recvDone records what a RecvMsg that is not retried returned, and ends
-// the stream once it is over.
-func (s *retryStream) recvDone(err error) error {
+// recvDone records what a RecvMsg on a that is not retried returned, and
+// ends the stream once it is over. A committed stream's failure is
+// returned as it is, on this RecvMsg and every later one; if a layer below
+// gave up (judgedBelowOnceOver), neither the breaker nor the overload
+// controller counts it.
+func (s *retryStream) recvDone(a *streamAttempt, err error) error {
 	s.mu.Lock()
 	if err == nil {
 		s.received++
 	}
+	s.belowLocked(a, err)
 	if err == nil || err == io.EOF {
 		s.answeredLocked() // the breaker may not have heard yet (Context, overflow)
 	}
@@ -139,6 +143,15 @@ func (s *retryStream) recvDone(err error) error {
 		s.finishUnlock(err, true)
 	}
 	return err
+}
+
+// belowLocked leaves the failure err of a, the attempt a committed stream
+// ends with, out of the breaker's and the overload controller's counts
+// when a layer below gave up (judgedBelowOnceOver).
+func (s *retryStream) belowLocked(a *streamAttempt, err error) {
+	if a == s.a && !s.finished && a.judgedBelowOnceOver(err) {
+		a.judgedBelow, s.gaveUpBelow = true, true
+	}
 }
 
 // finalLocked is what RecvMsg returns once the stream ended.
