@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/internal/testutil"
 	"github.com/herdguard/herdguard/internal/wire"
 	"github.com/herdguard/herdguard/policy"
 	"google.golang.org/grpc/metadata"
@@ -318,18 +320,27 @@ func noopMP() metric.MeterProvider { return metricnoop.NewMeterProvider() }
 // that says stop takes a throttling token even when its code is not
 // retryable, as in gRPC. Five of them leave half the tokens of ten, so the
 // next retryable failure is not retried, by gRPC's own retry (the control)
-// nor by herdguard.
+// nor by herdguard. The same answer after response headers (the call
+// committed) takes none, in gRPC and in herdguard, and the next failure
+// is retried in full.
 func TestThrottlingMatchesGRPC(t *testing.T) {
 	const (
 		maxAttempts = 3
 		stops       = 5
 	)
 	trailers := map[string]metadata.MD{
-		"negative pushback":   {wire.PushbackKey: {"-1"}},
-		"two pushback values": {wire.PushbackKey: {"10", "20"}},
+		"negative pushback":                {wire.PushbackKey: {"-1"}},
+		"two pushback values":              {wire.PushbackKey: {"10", "20"}},
+		"negative pushback, after headers": {wire.PushbackKey: {"-1"}},
 	}
 	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, r *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-		if md := trailers[string(r.GetPayload().GetBody())]; md != nil {
+		name := string(r.GetPayload().GetBody())
+		if md := trailers[name]; md != nil {
+			if strings.HasSuffix(name, "after headers") {
+				if err := grpc.SendHeader(ctx, metadata.Pairs("request-id", "r1")); err != nil {
+					return nil, err
+				}
+			}
 			if err := grpc.SetTrailer(ctx, md); err != nil {
 				return nil, err
 			}
@@ -337,7 +348,11 @@ func TestThrottlingMatchesGRPC(t *testing.T) {
 		}
 		return nil, status.Error(codes.Unavailable, "regress: down")
 	}})
-	for _, name := range []string{"negative pushback", "two pushback values"} {
+	for _, name := range []string{"negative pushback", "two pushback values", "negative pushback, after headers"} {
+		want := 1 // the stops took half the tokens
+		if strings.HasSuffix(name, "after headers") {
+			want = maxAttempts // committed: no token taken
+		}
 		t.Run(name, func(t *testing.T) {
 			// lastAttempts makes the stop calls, then one that fails
 			// Unavailable, and returns how many attempts the last one made.
@@ -364,11 +379,56 @@ func TestThrottlingMatchesGRPC(t *testing.T) {
 			got := lastAttempts(srv.Client(t, ic.DialOptions()...))
 			control := lastAttempts(srv.Client(t,
 				grpc.WithDefaultServiceConfig(grpcRetryConfig(maxAttempts, `{"maxTokens": 10, "tokenRatio": 0.1}`))))
-			if control != 1 {
-				t.Errorf("control: gRPC's own retry made %d attempts of the last call, want 1", control)
+			if control != want {
+				t.Errorf("control: gRPC's own retry made %d attempts of the last call, want %d", control, want)
 			}
 			if got != control {
 				t.Errorf("herdguard made %d attempts of the last call, gRPC's own retry %d; want the same", got, control)
+			}
+		})
+	}
+}
+
+// TestHedgedThrottlingAfterHeaders: a hedged call takes throttling tokens
+// as a retried call does (TestThrottlingMatchesGRPC): a pushback that says
+// stop takes one when the answer is trailers-only, and none after response
+// headers, which committed the call.
+func TestHedgedThrottlingAfterHeaders(t *testing.T) {
+	const stops = 5
+	for _, headers := range []bool{false, true} {
+		t.Run(map[bool]string{false: "trailers only", true: "after headers"}[headers], func(t *testing.T) {
+			srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+				if headers {
+					if err := grpc.SendHeader(ctx, metadata.Pairs("request-id", "r1")); err != nil {
+						return nil, err
+					}
+				}
+				if err := grpc.SetTrailer(ctx, metadata.MD{wire.PushbackKey: {"-1"}}); err != nil {
+					return nil, err
+				}
+				return nil, status.Error(codes.Internal, "regress: broken, do not retry")
+			}})
+			p := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour, NonFatalCodes: []codes.Code{codes.Unavailable}}}
+			ic, err := New(withClock(&fakeClock{testutil.NewClock(time.Now(), testutil.Async())}), WithoutBreaker(), WithPolicy(p),
+				WithRetryThrottling(policy.Throttling{MaxTokens: 10, TokenRatio: 0.1}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := srv.Client(t, ic.DialOptions()...)
+			for i := range stops {
+				if _, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{}); status.Code(err) != codes.Internal {
+					t.Fatalf("call %d: got %v, want Internal", i+1, err)
+				}
+			}
+			want := 10.0 - stops
+			if headers {
+				want = 10
+			}
+			if got := ic.limitsFor(testserver.Target).throttle.Tokens(); got != want {
+				t.Errorf("throttling tokens after %d stops: %v, want %v", stops, got, want)
+			}
+			if got := srv.Requests(); got != stops {
+				t.Errorf("the server received %d attempts for %d calls, want one each", got, stops)
 			}
 		})
 	}
