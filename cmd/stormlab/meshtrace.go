@@ -29,9 +29,17 @@ func MeshHealthy() Scenario {
 	return sc
 }
 
+// MeshLatencyResolution is the least latency the mesh lab can tell apart
+// at a healthy leaf: the step its tables print, and more than the run-to-run
+// spread of a median p50 there. What the server half costs per call (a few
+// microseconds: BenchmarkClientHalf, BenchmarkServerHalf) is far below it,
+// so the lab checks only that nothing the size of a step was added.
+const MeshLatencyResolution = 100 * time.Microsecond
+
 // MeshHealthyCheck returns what is wrong with a healthy leaf's rows: the
 // server half must send the leaf exactly one attempt per user call, as
-// herdguard at every layer without it does, and fail none.
+// herdguard at every layer without it does, fail none, and answer with a
+// p50 within MeshLatencyResolution of herdguard at every layer's.
 func MeshHealthyCheck(rows []MeshSummary) []error {
 	half, ok := MeshRow(rows, MeshServerHalf)
 	if !ok {
@@ -41,8 +49,13 @@ func MeshHealthyCheck(rows []MeshSummary) []error {
 	if half.AttemptsPerCall != 1 || half.OK != half.Calls {
 		errs = append(errs, fmt.Errorf("the server half at a healthy leaf: %.3f leaf attempts per user call and %d of %d calls ok: want 1 and every one", half.AttemptsPerCall, half.OK, half.Calls))
 	}
-	if every, ok := MeshRow(rows, MeshHerdguard); ok && every.AttemptsPerCall != half.AttemptsPerCall {
-		errs = append(errs, fmt.Errorf("at a healthy leaf: the server half %.3f leaf attempts per user call, herdguard at every layer %.3f: want the same", half.AttemptsPerCall, every.AttemptsPerCall))
+	if every, ok := MeshRow(rows, MeshHerdguard); ok {
+		if every.AttemptsPerCall != half.AttemptsPerCall {
+			errs = append(errs, fmt.Errorf("at a healthy leaf: the server half %.3f leaf attempts per user call, herdguard at every layer %.3f: want the same", half.AttemptsPerCall, every.AttemptsPerCall))
+		}
+		if half.P50 > every.P50+MeshLatencyResolution {
+			errs = append(errs, fmt.Errorf("at a healthy leaf: the server half's p50 %v, herdguard at every layer's %v: want no more than %v added", half.P50, every.P50, MeshLatencyResolution))
+		}
 	}
 	return errs
 }

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -146,8 +147,9 @@ func TestMeshTraceAcrossTiers(t *testing.T) {
 
 func TestMeshHealthyCheck(t *testing.T) {
 	row := func(name string, perCall float64, ok int) MeshSummary {
-		return MeshSummary{Summary: Summary{Strategy: name, Calls: 100, OK: ok, AttemptsPerCall: perCall}}
+		return MeshSummary{Summary: Summary{Strategy: name, Calls: 100, OK: ok, AttemptsPerCall: perCall, P50: 800 * time.Microsecond}}
 	}
+	slower := func(r MeshSummary, d time.Duration) MeshSummary { r.P50 += d; return r }
 	tests := []struct {
 		name string
 		rows []MeshSummary
@@ -156,6 +158,9 @@ func TestMeshHealthyCheck(t *testing.T) {
 		{"one attempt each, every call ok", []MeshSummary{row(MeshHerdguard, 1, 100), row(MeshServerHalf, 1, 100)}, 0},
 		{"an attempt added", []MeshSummary{row(MeshHerdguard, 1, 100), row(MeshServerHalf, 1.01, 100)}, 2},
 		{"a call failed", []MeshSummary{row(MeshServerHalf, 1, 99)}, 1},
+		{"p50 within the resolution", []MeshSummary{row(MeshHerdguard, 1, 100), slower(row(MeshServerHalf, 1, 100), MeshLatencyResolution)}, 0},
+		{"p50 a step slower", []MeshSummary{row(MeshHerdguard, 1, 100), slower(row(MeshServerHalf, 1, 100), MeshLatencyResolution+time.Microsecond)}, 1},
+		{"p50 faster", []MeshSummary{slower(row(MeshHerdguard, 1, 100), time.Millisecond), row(MeshServerHalf, 1, 100)}, 0},
 		{"no server half row", []MeshSummary{row(MeshHerdguard, 1, 100)}, 1},
 	}
 	for _, tt := range tests {
