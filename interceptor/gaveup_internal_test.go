@@ -19,7 +19,7 @@ import (
 )
 
 // TestCommittedStreamGaveUpBelow: a stream that committed (response
-// headers, or a message) and then failed because a layer below gave up
+// headers, read or not, or a message) and then failed because a layer below gave up
 // (grpc-retry-pushback-ms -1 with herdguard-gave-up) ends with the
 // server's status as it is, on that RecvMsg and every later one, and is
 // not retried; and the overload controller leaves it out of its count.
@@ -31,14 +31,17 @@ func TestCommittedStreamGaveUpBelow(t *testing.T) {
 	hedged := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour, NonFatalCodes: []codes.Code{codes.Unavailable}}}
 	for _, below := range []bool{true, false} {
 		for _, tt := range []struct {
-			name    string
-			p       policy.Policy
-			message bool // a message commits the stream; otherwise a response header does
+			name   string
+			p      policy.Policy
+			commit string // what commits the stream: "message", "headers" the caller reads, or "unread headers"
 		}{
-			{"retried, after a message", retried, true},
-			{"retried, after headers", retried, false},
-			{"hedged, after a message", hedged, true},
-			{"hedged, after headers", hedged, false},
+			{"retried, after a message", retried, "message"},
+			{"retried, after headers", retried, "headers"},
+			// The caller's RecvMsg learns of the headers with the failure.
+			{"retried, after headers the caller did not read", retried, "unread headers"},
+			{"hedged, after a message", hedged, "message"},
+			{"hedged, after headers", hedged, "headers"},
+			{"hedged, after headers the caller did not read", hedged, "unread headers"},
 		} {
 			name := map[bool]string{true: "gave up below, ", false: "control: a pushback alone, "}[below] + tt.name
 			t.Run(name, func(t *testing.T) {
@@ -48,7 +51,7 @@ func TestCommittedStreamGaveUpBelow(t *testing.T) {
 				}
 				srv := testserver.Start(t, &testserver.Server{
 					ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
-						if tt.message {
+						if tt.commit == "message" {
 							if err := ss.Send(&testgrpc.StreamingOutputCallResponse{}); err != nil {
 								return err
 							}
@@ -73,7 +76,7 @@ func TestCommittedStreamGaveUpBelow(t *testing.T) {
 				ctl := ic.controllerFor(testserver.Target)
 				made := 0
 				for ; made < calls && !ctl.Pacing(); made++ { // a paced call would wait for a probe: the clock stands still
-					if err := committedFailure(ctx, c, tt.message); err != nil {
+					if err := committedFailure(ctx, c, tt.commit); err != nil {
 						t.Fatalf("call %d: %v", made, err)
 					}
 				}
@@ -88,21 +91,24 @@ func TestCommittedStreamGaveUpBelow(t *testing.T) {
 	}
 }
 
-// committedFailure opens a StreamingOutputCall that commits (its first
-// message, or its response headers) and then fails with Unavailable, and
-// checks that the failure comes as the server's status, the same on a
-// second RecvMsg.
-func committedFailure(ctx context.Context, c testgrpc.TestServiceClient, message bool) error {
+// committedFailure opens a StreamingOutputCall that commits (commit: its
+// first message, its response headers read by Header, or headers it does
+// not read) and then fails with Unavailable, and checks that the failure
+// comes as the server's status, the same on a second RecvMsg.
+func committedFailure(ctx context.Context, c testgrpc.TestServiceClient, commit string) error {
 	cs, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
 	if err != nil {
 		return err
 	}
-	if message {
+	switch commit {
+	case "message":
 		if _, err := cs.Recv(); err != nil {
 			return errors.New("first Recv: " + err.Error() + ", want the server's message")
 		}
-	} else if md, err := cs.Header(); md == nil || err != nil {
-		return errors.New("Header: no headers")
+	case "headers":
+		if md, err := cs.Header(); md == nil || err != nil {
+			return errors.New("Header: no headers")
+		}
 	}
 	first := cs.RecvMsg(new(testgrpc.StreamingOutputCallResponse))
 	again := cs.RecvMsg(new(testgrpc.StreamingOutputCallResponse))

@@ -25,9 +25,10 @@ import (
 // retried; the breaker leaves the call out. The control, the same pushback
 // without herdguard-gave-up, is counted and opens the same breaker. Unary
 // calls and server streams. After response headers (a tier whose
-// middleware sets one) a unary call gives up the same way. A stream that
-// committed (headers, or a message) ends with the server's status as it
-// is, as gRPC's does, and the breaker leaves it out all the same.
+// middleware sets one) a unary call gives up the same way. A stream whose
+// headers came with the failure has committed: it ends with the server's
+// status as it is, as gRPC's does, and the breaker leaves it out all the
+// same.
 func TestGaveUpBelow(t *testing.T) {
 	retried := func(attempts int) policy.Policy {
 		p := policy.Default()

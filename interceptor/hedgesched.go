@@ -202,9 +202,9 @@ func (h *hedger) overLocked(ctx context.Context) hedgeVerdict {
 // one the next hedge goes at once, or when the server's pushback says.
 // A fatal failure whose trailer says a layer below gave up ends the call
 // as a give-up (OutcomePushbackStop). Throttling counts a non-fatal
-// failure and a pushback that says stop, unless the call committed
-// (headers) or the error is the client's own, as for a retried call
-// (decide) and in gRPC.
+// failure and a pushback that says stop, but not one that came after
+// headers (the call committed) or with the client's own error, as for a
+// retried call (decide) and in gRPC.
 func (h *hedger) failedLocked(ctx context.Context, err error, trailer metadata.MD, headers, clientErr bool) hedgeVerdict {
 	nonFatal := h.p.nonFatalCode(status.Code(err)) && !headers && !clientErr && !clientSide(err) && ctx.Err() == nil
 	wait, ok, present := pushback(trailer)

@@ -74,8 +74,9 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 			// Committed, and a layer below gave up: the call gives up
 			// too, saying so, like one that had not committed (below).
 			// A committed call takes no throttling token. Only a unary
-			// call gets here with its trailer: a stream reads it only
-			// before it commits.
+			// call gets here with its trailer: a committed stream keeps
+			// its error as it is, and reads the trailer only to leave the
+			// failure out of the counts (retryLocked, recvDone).
 			d := stop(OutcomePushbackStop, e.n, e.err)
 			d.gaveUpBelow = true
 			return d
