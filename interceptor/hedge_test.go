@@ -945,3 +945,50 @@ func TestHedgeLastAllowedAttemptPushedBack(t *testing.T) {
 		t.Fatalf("call: %v; want an exhausted RetryError after 2 attempts with Unavailable", r)
 	}
 }
+
+// TestHedgeVerdictFollowsTheLastFailure: a hedged call whose first attempt
+// is answered "don't retry" because a layer below gave up, while a hedge is
+// in flight, ends with that hedge's failure; the breaker counts the call
+// when that failure is the target's own (a plain Unavailable), and leaves
+// it out when the hedge too was a give-up below.
+func TestHedgeVerdictFollowsTheLastFailure(t *testing.T) {
+	gaveUp := func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(wire.PushbackKey, "-1", wire.GaveUpKey, "exhausted"))
+		return nil, status.Error(codes.Unavailable, "a layer below gave up")
+	}
+	for _, tt := range []struct {
+		name      string
+		second    func(context.Context) (*testgrpc.SimpleResponse, error)
+		wantCount bool
+	}{
+		{"the hedge fails plainly", failWith(codes.Unavailable, ""), true},
+		{"the hedge gave up below too", gaveUp, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, clk := startHedgeServer(t), newManualClock()
+			fail1, fail2 := make(chan struct{}), make(chan struct{})
+			srv.on(1, func(ctx context.Context) (*testgrpc.SimpleResponse, error) { <-fail1; return gaveUp(ctx) })
+			srv.on(2, func(ctx context.Context) (*testgrpc.SimpleResponse, error) { <-fail2; return tt.second(ctx) })
+			rec, tp := newRecorder()
+			done, ic := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable), WithTracerProvider(tp),
+				WithBreaker(breaker.Settings{ConsecutiveFailures: 100, OpenTimeout: time.Hour}))
+			srv.waitArrival(t, 1)
+			clk.Advance(hedgeDelay)
+			srv.waitArrival(t, 2)
+			close(fail1) // attempt 1 gives up below: no more hedges; attempt 2 goes on
+			testutil.Eventually(t, "attempt 1's span ended", func() bool { return len(spansNamed(rec.Ended(), telemetry.SpanAttempt)) == 1 })
+			close(fail2)
+			r := waitResult(t, done)
+			if status.Code(r.err) != codes.Unavailable {
+				t.Fatalf("call: %v, want Unavailable", r)
+			}
+			clk.Advance(time.Hour)
+			srv.noArrival(t)
+			var failures uint32
+			ic.Breakers().Each(func(b *breaker.Breaker) { failures += b.Counts().TotalFailures })
+			if counted := failures == 1; counted != tt.wantCount || failures > 1 {
+				t.Errorf("the breaker counted %d failures, want the call counted: %v", failures, tt.wantCount)
+			}
+		})
+	}
+}

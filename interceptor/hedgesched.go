@@ -57,7 +57,7 @@ type hedger struct {
 	stopped     bool   // a pushback said not to hedge again
 	refused     string // what refused a hedge: "breaker", "overload", "throttling", "hedge_budget" or "ratio"
 	last        error  // the last non-fatal failure
-	gaveUpBelow bool   // a pushback that stopped hedging came from a layer below that gave up
+	gaveUpBelow bool   // the latest failure was a layer below's give-up: the call's breaker verdict leaves it out
 	// notBefore is when a pushback lets the next hedge go; zero once a
 	// hedge went after it.
 	notBefore time.Time
@@ -214,8 +214,11 @@ func (h *hedger) failedLocked(ctx context.Context, err error, trailer metadata.M
 	below := present && !ok && gaveUpBelow(trailer)
 	if present && !ok {
 		h.noMore, h.stopped = true, true
-		h.gaveUpBelow = h.gaveUpBelow || below
 	}
+	// The call ends with its latest failure (h.last, or this one if it
+	// is fatal), and the breaker judges by it: a hedge still in flight
+	// after a give-up below may fail for this target's own reasons.
+	h.gaveUpBelow = below
 	switch {
 	case ctx.Err() != nil:
 		return hedgeVerdict{hedgeFatal, err, contextOutcome(ctx.Err())}

@@ -300,7 +300,7 @@ func (s *hedgedStream) failedLocked(a *streamAttempt, err error) hedgeVerdict {
 	s.endAttemptLocked(a, err)
 	a.release()
 	v := s.sched.failedLocked(s.ctx, err, trailer, false, a.clientErr)
-	s.gaveUpBelow = s.gaveUpBelow || s.sched.gaveUpBelow
+	s.gaveUpBelow = s.sched.gaveUpBelow // the latest failure's
 	s.a = a
 	return v
 }
