@@ -950,45 +950,107 @@ func TestHedgeLastAllowedAttemptPushedBack(t *testing.T) {
 // is answered "don't retry" because a layer below gave up, while a hedge is
 // in flight, ends with that hedge's failure; the breaker counts the call
 // when that failure is the target's own (a plain Unavailable), and leaves
-// it out when the hedge too was a give-up below.
+// it out when the hedge too was a give-up below. Unary calls and server
+// streams.
 func TestHedgeVerdictFollowsTheLastFailure(t *testing.T) {
-	gaveUp := func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
-		_ = grpc.SetTrailer(ctx, metadata.Pairs(wire.PushbackKey, "-1", wire.GaveUpKey, "exhausted"))
-		return nil, status.Error(codes.Unavailable, "a layer below gave up")
+	gaveUpMD := metadata.Pairs(wire.PushbackKey, "-1", wire.GaveUpKey, "exhausted")
+	for _, kind := range []string{"unary", "stream"} {
+		for _, tt := range []struct {
+			name      string
+			gaveUp2   bool // the hedge gives up below too
+			wantCount bool
+		}{
+			{"the hedge fails plainly", false, true},
+			{"the hedge gave up below too", true, false},
+		} {
+			t.Run(kind+", "+tt.name, func(t *testing.T) {
+				fail1, fail2 := make(chan struct{}), make(chan struct{})
+				// answer is attempt n's failure, once its channel is closed;
+				// setTrailer sets a trailer on the server's call.
+				answer := func(n int, setTrailer func(metadata.MD)) error {
+					gaveUp := n == 1 || tt.gaveUp2
+					<-map[int]chan struct{}{1: fail1, 2: fail2}[n]
+					if gaveUp {
+						setTrailer(gaveUpMD)
+						return status.Error(codes.Unavailable, "a layer below gave up")
+					}
+					return status.Error(codes.Unavailable, "down")
+				}
+				clk := newManualClock()
+				rec, tp := newRecorder()
+				opts := []Option{withClock(clk), WithPolicy(hedging(3, codes.Unavailable)), WithTracerProvider(tp),
+					WithBreaker(breaker.Settings{ConsecutiveFailures: 100, OpenTimeout: time.Hour})}
+				var (
+					call    func() error
+					arrival func(n int)
+					none    func()
+				)
+				if kind == "unary" {
+					srv := startHedgeServer(t)
+					for n := 1; n <= 2; n++ {
+						srv.on(n, func(ctx context.Context) (*testgrpc.SimpleResponse, error) {
+							return nil, answer(n, func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) })
+						})
+					}
+					ic, err := New(opts...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					c := srv.Client(t, ic.DialOptions()...)
+					call = func() error { _, err := c.UnaryCall(ctxT(t), &testgrpc.SimpleRequest{}); return err }
+					arrival, none = func(n int) { srv.waitArrival(t, n) }, func() { srv.noArrival(t) }
+					defer func() { checkCounted(t, ic, tt.wantCount) }()
+				} else {
+					sc := newStreamScript()
+					for n := 1; n <= 2; n++ {
+						sc.on(n, func(ss grpc.ServerStream) error { return answer(n, ss.SetTrailer) })
+					}
+					srv := startStreamScript(t, sc)
+					ic, err := New(opts...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					c := srv.Client(t, ic.DialOptions()...)
+					call = func() error {
+						s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+						if err == nil {
+							_, err = s.Recv()
+						}
+						return err
+					}
+					arrival, none = func(n int) { sc.wait(t, n) }, func() { sc.none(t) }
+					defer func() { checkCounted(t, ic, tt.wantCount) }()
+				}
+				done := make(chan error, 1)
+				go func() { done <- call() }()
+				arrival(1)
+				clk.Advance(hedgeDelay)
+				arrival(2)
+				close(fail1) // attempt 1 gives up below: no more hedges; attempt 2 goes on
+				testutil.Eventually(t, "attempt 1's span ended", func() bool { return len(spansNamed(rec.Ended(), telemetry.SpanAttempt)) == 1 })
+				close(fail2)
+				select {
+				case err := <-done:
+					if status.Code(err) != codes.Unavailable {
+						t.Fatalf("call: %v, want Unavailable", err)
+					}
+				case <-time.After(callTimeout):
+					t.Fatal("the call never returned")
+				}
+				clk.Advance(time.Hour)
+				none()
+			})
+		}
 	}
-	for _, tt := range []struct {
-		name      string
-		second    func(context.Context) (*testgrpc.SimpleResponse, error)
-		wantCount bool
-	}{
-		{"the hedge fails plainly", failWith(codes.Unavailable, ""), true},
-		{"the hedge gave up below too", gaveUp, false},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			srv, clk := startHedgeServer(t), newManualClock()
-			fail1, fail2 := make(chan struct{}), make(chan struct{})
-			srv.on(1, func(ctx context.Context) (*testgrpc.SimpleResponse, error) { <-fail1; return gaveUp(ctx) })
-			srv.on(2, func(ctx context.Context) (*testgrpc.SimpleResponse, error) { <-fail2; return tt.second(ctx) })
-			rec, tp := newRecorder()
-			done, ic := hedgedCall(t, srv, clk, hedging(3, codes.Unavailable), WithTracerProvider(tp),
-				WithBreaker(breaker.Settings{ConsecutiveFailures: 100, OpenTimeout: time.Hour}))
-			srv.waitArrival(t, 1)
-			clk.Advance(hedgeDelay)
-			srv.waitArrival(t, 2)
-			close(fail1) // attempt 1 gives up below: no more hedges; attempt 2 goes on
-			testutil.Eventually(t, "attempt 1's span ended", func() bool { return len(spansNamed(rec.Ended(), telemetry.SpanAttempt)) == 1 })
-			close(fail2)
-			r := waitResult(t, done)
-			if status.Code(r.err) != codes.Unavailable {
-				t.Fatalf("call: %v, want Unavailable", r)
-			}
-			clk.Advance(time.Hour)
-			srv.noArrival(t)
-			var failures uint32
-			ic.Breakers().Each(func(b *breaker.Breaker) { failures += b.Counts().TotalFailures })
-			if counted := failures == 1; counted != tt.wantCount || failures > 1 {
-				t.Errorf("the breaker counted %d failures, want the call counted: %v", failures, tt.wantCount)
-			}
-		})
+}
+
+// checkCounted checks whether ic's breakers counted exactly one failed
+// call (want) or none.
+func checkCounted(t *testing.T, ic *Interceptor, want bool) {
+	t.Helper()
+	var failures uint32
+	ic.Breakers().Each(func(b *breaker.Breaker) { failures += b.Counts().TotalFailures })
+	if counted := failures == 1; counted != want || failures > 1 {
+		t.Errorf("the breaker counted %d failures, want the call counted: %v", failures, want)
 	}
 }
