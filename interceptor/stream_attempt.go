@@ -55,11 +55,11 @@ type streamAttempt struct {
 	// recvMu serialises RecvMsg on cs until the stream commits, so that a
 	// SendMsg or Header that found the attempt over can learn how it ended
 	// without receiving beside the caller.
-	recvMu   sync.Mutex
-	end      error // how RecvMsg reported the attempt ended (io.EOF: OK)
-	endKnown bool
+	recvMu sync.Mutex
+	end    error // how RecvMsg reported the attempt ended (io.EOF: OK); set before over
 	// over is set once a RecvMsg on cs has returned an error (io.EOF
-	// included): gRPC's stream is over, and its trailer safe to read.
+	// included): end is known, gRPC's stream is over, and its trailer is
+	// safe to read, without recvMu, which a RecvMsg may hold.
 	over atomic.Bool
 }
 
@@ -246,12 +246,12 @@ func (a *streamAttempt) learnEnd() (end error, headers bool) {
 func (a *streamAttempt) recv(m any) error {
 	a.recvMu.Lock()
 	defer a.recvMu.Unlock()
-	if a.endKnown {
+	if a.over.Load() {
 		return a.end
 	}
 	err := a.cs.RecvMsg(m)
 	if err != nil {
-		a.end, a.endKnown = err, true
+		a.end = err
 		a.over.Store(true)
 	}
 	return err
