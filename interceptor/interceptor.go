@@ -44,7 +44,7 @@ type Interceptor struct {
 	// overload is the overload controllers' settings (nil: off), and
 	// controllers holds each target's.
 	overload       *overload.Settings
-	pacingClock    pacing.Clock // the overload controllers' clock
+	pacingEnv      pacing.Env // the overload controllers' clock and random source
 	controllers    cow.Map[string, *targetController]
 	lastController atomic.Pointer[targetController]
 
@@ -163,8 +163,8 @@ func New(opts ...Option) (*Interceptor, error) {
 	if c.overload != nil {
 		s := *c.overload
 		ic.overload = &s
-		cl := c.clock // the interceptor's clock, so tests can drive it
-		ic.pacingClock = pacing.Clock{Now: cl.Now, AfterFunc: func(d time.Duration, f func()) func() bool { return cl.AfterFunc(d, f).Stop }}
+		cl := c.clock // the interceptor's clock and random source, so tests can drive them
+		ic.pacingEnv = pacing.Env{Now: cl.Now, AfterFunc: func(d time.Duration, f func()) func() bool { return cl.AfterFunc(d, f).Stop }, Rand: c.rand}
 	}
 	ic.tracing.init(c.tp)
 	ic.buffers.New = newAttemptBuffer

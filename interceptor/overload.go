@@ -32,7 +32,7 @@ func (ic *Interceptor) findController(target string) *pacing.Controller {
 		return nil
 	}
 	tc := ic.controllers.Get(target, func() *targetController {
-		c, _ := pacing.New(*ic.overload, ic.pacingClock) // validated in New
+		c, _ := pacing.New(*ic.overload, ic.pacingEnv) // validated in New
 		return &targetController{target, c}
 	})
 	ic.lastController.Store(tc) // no allocation: an interceptor that alternates targets pays the map only
@@ -60,11 +60,7 @@ func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *paci
 	if ctl == nil || !ctl.Pacing() {
 		return nil
 	}
-	acquire := ctl.Acquire
-	if back {
-		acquire = ctl.AcquireRetry
-	}
-	held, err := acquire(ctx)
+	held, err := ctl.Acquire(ctx, back)
 	if held <= 0 && err == nil {
 		return nil
 	}
@@ -108,43 +104,34 @@ func shedError(n int, last, shed error) error {
 
 // attemptDoneAfter is attemptDone for an attempt sent at sent (zero: sent
 // while the controller was calm, and not timed) to a target with a
-// controller: an answer tells the controller how long it took, or that it
-// was sent before any pacing that is on now.
+// controller: an answer tells the controller how long it took.
 func attemptDoneAfter(ctl *pacing.Controller, err error, clk clock, sent time.Time) {
 	switch {
 	case err != nil:
 		attemptDone(ctl, err)
-	case sent.IsZero(): // sent while calm: one call deep, as attemptDone's answer
-		ctl.AnsweredSentCalm()
+	case sent.IsZero():
+		ctl.Done(pacing.Answered, 0)
 	default:
-		ctl.AnsweredAfter(clk.Now().Sub(sent))
+		ctl.Done(pacing.Answered, clk.Now().Sub(sent))
 	}
 }
 
 // attemptDoneIn is attemptDoneAfter for an attempt of the call whose
 // context is ctx, that asked the controller at asked and was sent at sent
-// (both zero: sent while calm). One that ended because the call's deadline
-// passed while it was in flight (not its own PerAttemptTimeout) tells the
-// controller how long it waited in the line and how much time it had left
-// when it went out ([pacing.Controller.TimedOut]). One that a layer below
-// gave up on, and said so (judgedBelow), says nothing.
-//
-// An answer to an attempt sent while calm, nearly every call's, goes to the
-// controller first, as attemptDoneAfter would send it: the calls below it
-// would cost that attempt about 60 instructions more.
+// (both zero: sent while calm). One that a layer below gave up on, and
+// said so (judgedBelow), says nothing; so does one that ended because the
+// call's deadline passed while it was in flight after it waited in the
+// line longer than it then had left (see timedOutIn).
 func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd, clk clock, asked, sent time.Time) {
-	if end.err == nil && sent.IsZero() {
-		ctl.AnsweredSentCalm()
-		return
+	switch {
+	case end.err == nil && sent.IsZero():
+		ctl.Done(pacing.Answered, 0)
+	case end.err != nil && judgedBelow(end.trailer):
+		ctl.Done(pacing.Ignored, 0)
+	case timedOutIn(ctx, ctl, end.err, end.timedOut, asked, sent, clk):
+	default:
+		attemptDoneAfter(ctl, end.err, clk, sent)
 	}
-	if end.err != nil && judgedBelow(end.trailer) {
-		ctl.Done(pacing.Ignored)
-		return
-	}
-	if timedOutIn(ctx, ctl, end.err, end.timedOut, asked, sent, clk) {
-		return
-	}
-	attemptDoneAfter(ctl, end.err, clk, sent)
 }
 
 // timedOutIn tells the controller, and reports true, when an attempt of
@@ -152,17 +139,16 @@ func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd,
 // was sent at sent (zero: sent while calm), ended with err because the
 // call's deadline passed while it was in flight: not its own
 // PerAttemptTimeout (perAttempt), nor an error that is not
-// DeadlineExceeded. It then tells the controller how long the attempt
-// waited in the line and how much time it had left when it went out
-// ([pacing.Controller.TimedOut]); otherwise it tells nothing.
+// DeadlineExceeded. Such an attempt is Late (the server did not answer in
+// time), unless it waited in the line longer than it then had left: the
+// line, not the server, spent the call's time, and it says nothing. Served
+// by deadline, the line sends callers at the edge of their deadlines, and
+// a server that misses an edge that near is not therefore slow.
 //
 // The deadline has passed when the context says so, or when clk reads
 // within deadlineSlack of it: the server holds its own copy of the
 // deadline, and under load its timer can fire, and its DeadlineExceeded
-// arrive, before the context's own timer has run. Taken for the server's
-// own time-out (Late), such an answer to a caller the line sent at the
-// edge of its deadline cut the rate of a line that drained, and the
-// callers behind it ran out of time in the line.
+// arrive, before the context's own timer has run.
 func timedOutIn(ctx context.Context, ctl *pacing.Controller, err error, perAttempt bool, asked, sent time.Time, clk clock) bool {
 	if sent.IsZero() || perAttempt || status.Code(err) != codes.DeadlineExceeded {
 		return false
@@ -171,7 +157,11 @@ func timedOutIn(ctx context.Context, ctl *pacing.Controller, err error, perAttem
 	if !ok || ctx.Err() != context.DeadlineExceeded && dl.Sub(clk.Now()) > deadlineSlack {
 		return false
 	}
-	ctl.TimedOut(sent.Sub(asked), dl.Sub(sent))
+	if sent.Sub(asked) > dl.Sub(sent) {
+		ctl.Done(pacing.Ignored, 0)
+	} else {
+		ctl.Done(pacing.Late, 0)
+	}
 	return true
 }
 
@@ -184,12 +174,8 @@ const deadlineSlack = time.Millisecond
 
 // attemptDone tells the controller (nil: none) how an attempt ended.
 func attemptDone(ctl *pacing.Controller, err error) {
-	switch {
-	case ctl == nil:
-	case err == nil:
-		ctl.Answered()
-	default:
-		ctl.Done(loadOutcome(err))
+	if ctl != nil {
+		ctl.Done(loadOutcome(err), 0)
 	}
 }
 

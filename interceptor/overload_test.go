@@ -315,7 +315,7 @@ func TestOverloadHoldsAStream(t *testing.T) {
 
 // No hedge is sent while the controller paces the target.
 func TestOverloadStopsHedges(t *testing.T) {
-	ctl, err := pacing.New(overload.Settings{MinFailures: 1}, pacing.Clock{})
+	ctl, err := pacing.New(overload.Settings{MinFailures: 1}, pacing.Env{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +327,7 @@ func TestOverloadStopsHedges(t *testing.T) {
 	if got := r.refusal(); got != "" {
 		t.Fatalf("calm: refusal %q", got)
 	}
-	ctl.Done(pacing.Overloaded)
+	ctl.Done(pacing.Overloaded, 0)
 	if got := r.refusal(); got != "overload" {
 		t.Errorf("pacing: refusal %q, want overload", got)
 	}
@@ -686,24 +686,24 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 		for _, kind := range []string{"unary", "stream"} {
 			t.Run(kind+"/"+tc.name, func(t *testing.T) {
 				clk := newFakeClock()
-				ctl, err := pacing.New(overload.Settings{}, pacing.Clock{Now: clk.Now, AfterFunc: func(d time.Duration, f func()) func() bool {
+				ctl, err := pacing.New(overload.Settings{}, pacing.Env{Now: clk.Now, AfterFunc: func(d time.Duration, f func()) func() bool {
 					return clk.AfterFunc(d, f).Stop
 				}})
 				if err != nil {
 					t.Fatal(err)
 				}
-				ctl.Done(pacing.Answered) // a server that answered: overloaded, not down
+				ctl.Done(pacing.Answered, 0) // a server that answered: overloaded, not down
 				clk.Advance(overload.DefaultInterval)
 				for range overload.DefaultMinFailures {
-					ctl.Done(pacing.Overloaded)
+					ctl.Done(pacing.Overloaded, 0)
 				}
 				clk.Advance(overload.DefaultInterval) // collapsed
-				if _, err := ctl.Acquire(context.Background()); err != nil {
+				if _, err := ctl.Acquire(context.Background(), false); err != nil {
 					t.Fatal(err)
 				}
-				ctl.Done(pacing.Answered) // the probe's answer,
+				ctl.Done(pacing.Answered, 0) // the probe's answer,
 				for range confirmBatch {  // and the batch's: a slow start
-					ctl.Done(pacing.Answered)
+					ctl.Done(pacing.Answered, 0)
 				}
 				before := ctl.State()
 				// The call's deadline passed: sent left before it, after

@@ -285,7 +285,7 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		// Nobody asked the server for an answer yet, or a layer below
 		// gave up and said so: it says nothing of the load.
 		if s.ctl != nil {
-			s.ctl.Done(pacing.Ignored)
+			s.ctl.Done(pacing.Ignored, 0)
 		}
 	case timedOutIn(s.ctx, s.ctl, err, a.expired(), a.asked, a.sent, s.ic.clock):
 		// Unanswered when the caller's deadline passed: told as the

@@ -1,94 +1,291 @@
 package pacing
 
-import "time"
-
-// interval holds the counts of the current interval that closeLocked
-// reads and resets.
-type interval struct {
-	fail     int           // overload failures
-	lateFail int           // of which time-outs (Late)
-	arrived  int           // attempts that asked, while pacing
-	sent     int           // attempts let through, while pacing
-	took     time.Duration // least time an answer took; 0: none timed
-	waited   bool          // an attempt waited in the line
-}
+import (
+	"math"
+	"time"
+)
 
 // episode is the state of one episode of pacing, from beginLocked on.
 type episode struct {
-	began  time.Time // when this episode began
-	before float64   // what was known when this episode began
-
-	// The token bucket.
-	rate     float64 // tokens per interval
+	// The token bucket: rate tokens per Interval.
+	rate     float64
 	tokens   float64
 	refilled time.Time
 
-	ceiling  float64       // answers per interval the server took while refusing others; 0 unknown
-	tookMost float64       // the most answers in one interval of this episode
-	setbacks int           // collapses under a rate this controller chose
-	setback  time.Time     // when the last one was seen
-	growAt   time.Time     // no growth past what is known before this
-	quiet    int           // calm intervals in a row
-	lastIn   int           // attempts that asked in the last closed interval
-	inSum    float64       // attempts that asked in the intervals since the rate last grew past what is known
-	inN      int           // and how many intervals those were
-	lastTook time.Duration // least time an answer took in the last closed interval with answers
-	// refusedRun is the intervals in a row in which the server refused
-	// and answered nothing.
-	refusedRun int
+	// collapsed: the server answered none of the last sample; only probes
+	// go, one at probeAt or later (rule 5).
+	collapsed bool
+	probeAt   time.Time
+	// spell is when the server's current run of refusals began (its first
+	// refusal since its last answer); zero when it answered since.
+	spell time.Time
+	// probesRefused counts the probes refused in a row (rule 12).
+	probesRefused int
+	down          bool // rule 12
 
-	fresh     bool // the interval in which the episode began is not over
-	loadShown bool // a confirmation in this episode showed the refusals are load
-	down      bool // collapsed, and the server never answered this controller
-	cut       bool // the last interval's refusals cut the rate
-	// moreClean is true when the last interval of this episode that took
-	// clearly more than any before it (see learnShareLocked) had
-	// cleanAnswers answers or more and no refusal.
-	moreClean bool
+	// target is the rate a restart goes to: what the server took before
+	// the episode, lowered by each setback (rule 7).
+	target   float64
+	setbacks int
+	holdTill time.Time // no growth before this (rules 6 and 7)
 
-	// The refusals and attempts of the last interval that collapsed the
-	// server, which a confirmation compares with (judgeLocked): those that
-	// began the episode until an interval collapses it.
-	trig    share
-	confirm confirmation
+	// sample is the outcomes since the rate was last set, which the next
+	// decision judges; lowered is true when the rate was lowered on the
+	// evidence of trig, a share rule 4 compares the sample with.
+	sample     counts
+	sampleFrom time.Time
+	trig       counts
+	lowered    bool
+	// tried is true while the rate is one the controller chose to try (a
+	// restart or growth), false while it is one the server's answers set;
+	// stepped is the factor the last growth multiplied it by (1 after a
+	// restart).
+	tried   bool
+	stepped float64
+
+	refused     bool    // a refusal beyond the base share in the current Interval
+	refusedLast bool    // and in the last one (the line's order, rule 9)
+	waited      bool    // an attempt waited in the line since the rate last grew
+	arrived     float64 // attempts that asked in the current Interval
+	arrivals    float64 // their mean per Interval since the rate last grew
+	arrivalsN   float64
+	quiet       int           // calm Intervals in a row (rule 11)
+	took        time.Duration // least time an answer took in the current Interval
+	lastTook    time.Duration // in the last Interval with answers
 }
 
-// beginLocked starts pacing within the current interval: one probe's worth
-// of tokens until the interval's counts say more. The interval's refusals
-// so far stay counted in it.
-func (c *Controller) beginLocked(now time.Time) {
-	c.answeredEver = c.answeredEver || c.ok.Load() > 0
-	c.ep = episode{
-		began:    now,
-		before:   c.known,
-		rate:     firstProbes,
-		tokens:   1,
-		refilled: now,
-		fresh:    true,
-		trig:     share{fail: float64(c.cur.fail), all: c.triggerCountLocked()},
-	}
-	c.cur = interval{fail: c.cur.fail, lateFail: c.cur.lateFail}
+// perInterval is the rate of n over d, in n per Interval, counting d as
+// one Interval at least: a server that answers a burst and then refuses
+// took the burst in one of its windows.
+func (c *Controller) perInterval(n float64, d time.Duration) float64 {
+	return n / max(1, float64(d)/float64(c.s.Interval))
+}
+
+// beginLocked starts an episode on the evidence e (rule 2): the rate
+// becomes Headroom of what the server showed it takes, the most it
+// answered in one Interval of the Window, or, if it collapsed, probes only
+// (rule 5).
+func (c *Controller) beginLocked(now time.Time, e counts) {
 	c.pacing.Store(true)
 	c.stats.episodes.Add(1)
-	// Collapsed from the start: probes (probeRateLocked), the first at
-	// once, and an answer starts a confirmation (answeredCollapsedLocked).
-	c.collapsed.Store(true)
+	var took float64
+	for k := range buckets {
+		took = max(took, c.ev.last(k).answered)
+	}
+	c.ep = episode{refilled: now, sampleFrom: now, trig: e, lowered: true, spell: now,
+		target: c.known, holdTill: now.Add(c.s.Hold)}
+	if c.known == 0 {
+		c.ep.target = c.s.Headroom * took // a fresh client knows only what it saw now
+	}
+	if c.collapsedRun() {
+		took = 0 // rule 5: the server collapsed
+	}
+	c.setRateLocked(now, c.s.Headroom*took)
 }
 
-// endLocked stops pacing and lets every waiter go.
+// setRateLocked sets the rate; 0 means the server collapsed: probes only.
+func (c *Controller) setRateLocked(now time.Time, rate float64) {
+	c.ep.rate = rate
+	c.ep.tokens = 0
+	c.ep.collapsed = rate < c.probeRate()
+	if c.ep.collapsed {
+		c.ep.rate = 0
+		c.ep.probeAt = now.Add(c.probeGap(c.s.Rand())) // the first within a mean gap
+	}
+	c.ep.sample, c.ep.sampleFrom = counts{}, now
+}
+
+// probeRate is the rate of probes while the server is collapsed, in
+// attempts per Interval (rule 5): a 1/probeShare share of what this
+// client's traffic got answered per Interval, so that a fleet's probes add
+// up to that share of what the server took whatever the fleet's size
+// (with nothing answered, 1/probeShare² of what it sends); at most one per
+// Interval, and at least one per probeFloor Intervals.
+func (c *Controller) probeRate() float64 {
+	took := max(c.known, c.ep.target)
+	if took == 0 { // nothing answered: a smaller share of what it sends
+		took = c.ev.total().sent / buckets / probeShare
+	}
+	return min(1, max(1.0/probeFloor, took/probeShare))
+}
+
+// answeredLocked counts an answer while pacing, that took took (0: not
+// known).
+func (c *Controller) answeredLocked(now time.Time, took time.Duration) {
+	ep := &c.ep
+	ep.sample.answered++
+	ep.spell, ep.probesRefused = time.Time{}, 0
+	if took > 0 && (ep.took == 0 || took < ep.took) {
+		ep.took = took
+	}
+	if ep.collapsed { // rule 6
+		c.restartLocked(now)
+	}
+}
+
+// restartLocked restarts the rate after a collapse, at the first answer
+// (rule 6): at the target, what the server took before the episode less
+// the setbacks, which holds for a Hold.
+func (c *Controller) restartLocked(now time.Time) {
+	ep := &c.ep
+	ep.down = false
+	ep.holdTill = now.Add(c.s.Hold)
+	ep.lowered = false
+	c.setRateLocked(now, max(ep.target, c.probeRate()))
+	ep.collapsed, ep.tried, ep.stepped = false, true, 1
+	c.serveLocked(now)
+}
+
+// refusedLocked counts a refusal while pacing (late: a time-out).
+func (c *Controller) refusedLocked(now time.Time, late bool) {
+	ep := &c.ep
+	ep.sample.refused++
+	if ep.spell.IsZero() {
+		ep.spell = now
+	}
+	if ep.collapsed && !late {
+		ep.probesRefused++
+		if now.Sub(ep.spell) >= c.s.DownAfter && ep.probesRefused >= int(c.s.DownAfter/c.s.Interval) { // rule 12
+			ep.down = true
+		}
+	}
+	switch {
+	case c.collapsedRun() && !ep.collapsed: // rule 5: the server collapsed
+		if ep.tried {
+			c.setbackLocked(now)
+		}
+		c.setRateLocked(now, 0)
+		ep.tried, ep.refused = false, true
+	case ep.sample.refused >= float64(c.s.MinFailures) && !ep.collapsed:
+		c.decideLocked(now)
+	}
+}
+
+// decideLocked judges the sample, which holds MinFailures refusals: if
+// the share the server fails on its own explains them, or, at a rate
+// lowered on evidence, they are as many as in that evidence, the
+// refusals are the server's own (rule 4); otherwise the rate is too high
+// (rule 7).
+func (c *Controller) decideLocked(now time.Time) {
+	ep := &c.ep
+	s, span := ep.sample, now.Sub(ep.sampleFrom)
+	switch {
+	case s.answered == 0: // a run: rule 5 judges it
+	case !s.above(c.base): // rule 4: the server's own share explains them
+		c.endLocked()
+	case ep.lowered && s.share() >= ep.trig.share()-sdSame*sd(ep.trig): // rule 4
+		c.independentLocked(s)
+	default: // rule 7
+		took := c.perInterval(s.answered, span)
+		if ep.tried {
+			c.setbackLocked(now)
+		}
+		ep.lowered, ep.tried = true, false
+		c.setRateLocked(now, c.s.Headroom*took)
+		ep.refused = true
+	}
+}
+
+// sd is the standard deviation of the refused share of c.
+func sd(c counts) float64 {
+	n := c.outcomes()
+	if n == 0 {
+		return 0
+	}
+	p := c.share()
+	return math.Sqrt(p * (1 - p) / n)
+}
+
+// setbackLocked lowers the restart target after the server refused too
+// much at a rate this controller chose (rule 7): to Headroom of the rate
+// before the last growth step (the last the server took: after a slow
+// start's doubling, half the rate), and the hold after it doubles with
+// each setback of the episode.
+func (c *Controller) setbackLocked(now time.Time) {
+	ep := &c.ep
+	ep.setbacks++
+	ep.target = min(ep.target, c.s.Headroom*ep.rate/max(ep.stepped, 1))
+	ep.holdTill = now.Add(c.s.Hold << min(ep.setbacks, maxDoublings))
+}
+
+// independentLocked learns that the server fails the share of s's
+// attempts on its own, whatever the load (rule 4), and ends the pacing.
+func (c *Controller) independentLocked(s counts) {
+	c.base, c.baseR, c.baseN = s.share(), s.refused, s.outcomes()
+	c.endLocked()
+}
+
+// intervalLocked runs the episode's rules at the end of an Interval whose
+// outcomes were b.
+func (c *Controller) intervalLocked(b counts, now time.Time) {
+	ep := &c.ep
+	if ep.took > 0 {
+		ep.lastTook = ep.took
+	}
+	ep.took = 0
+	ep.refusedLast, ep.refused = ep.refused || b.refused > 0 && b.above(c.base), false
+	ep.arrivals += ep.arrived
+	ep.arrivalsN++
+	arrived := ep.arrived
+	ep.arrived = 0
+	// Rule 11: calm Intervals in a row end the pacing.
+	if !ep.refusedLast && len(c.line) == 0 && !ep.collapsed && arrived < ep.rate/2 {
+		ep.quiet++
+		if ep.quiet >= c.s.Calm {
+			c.endLocked()
+			return
+		}
+	} else {
+		ep.quiet = 0
+	}
+	c.growLocked(now)
+}
+
+// growLocked grows the rate while attempts wait and the server refuses
+// nothing beyond its own share (rule 8): after a Hold, back to what this
+// client's traffic got before the episode at once, past it by a factor
+// growth per Hold, never past growth times the attempts that come. With
+// nothing known, a slow start doubles it per Interval, up to what drains
+// the line within a Window if that is more.
+func (c *Controller) growLocked(now time.Time) {
+	ep := &c.ep
+	if ep.collapsed || ep.refusedLast || !ep.waited && len(c.line) == 0 {
+		return
+	}
+	slow := ep.target == 0 && c.known == 0
+	if !slow && now.Before(ep.holdTill) {
+		return
+	}
+	mean := ep.arrivals / max(ep.arrivalsN, 1)
+	next := ep.rate * growth
+	switch {
+	case slow:
+		next = 2 * ep.rate
+	case ep.rate < c.known:
+		next = c.known
+	}
+	limit := growth * mean
+	if slow {
+		limit = max(limit, float64(len(c.line))/buckets)
+	}
+	next = min(next, limit)
+	if next <= ep.rate {
+		return
+	}
+	ep.rate, ep.tried, ep.stepped = next, true, next/ep.rate
+	ep.holdTill = now.Add(c.s.Hold)
+	ep.waited, ep.arrivals, ep.arrivalsN = false, 0, 0
+	ep.lowered = false
+	c.serveLocked(now)
+}
+
+// endLocked ends the pacing: the line is let go and attempts go at once.
 func (c *Controller) endLocked() {
 	c.pacing.Store(false)
-	c.collapsed.Store(false)
-	c.ep.confirm, c.ep.down = confirmation{}, false
-	// The calm counts start afresh: attempts sent while pacing were
-	// counted by Acquire, and answered within the episode.
-	c.calm.sent.Store(0)
-	c.calm.lost.Store(0)
-	c.carried = 0
+	c.ep.down = false
 	for _, w := range c.line {
-		w.done = true
-		w.ready <- nil
+		c.grantLocked(w, nil)
 	}
-	clear(c.line)
 	c.line = c.line[:0]
+	c.timer.stopLocked()
 }

@@ -7,259 +7,289 @@ import (
 	"time"
 )
 
-// burstDivisor says how many tokens the bucket keeps at most: a
-// 1/burstDivisor share of an interval's worth (at least one), so that the
-// attempts of an interval stay spread out over it rather than going in a
-// burst.
-const burstDivisor = 10
-
-// minWait is the least time the timer that serves the line waits for the
-// next token, so that a rate far above the arrivals does not spin it.
-const minWait = time.Millisecond / 10
-
-// lineTimer is the timer that serves the line.
-type lineTimer struct {
-	armed bool // a tick is scheduled at due
-	due   time.Time
-	stop  func() bool
-}
-
+// waiter is an attempt waiting in the line.
 type waiter struct {
-	deadline time.Time // zero: none
-	ready    chan error
-	done     bool
+	deadline time.Time // the call's deadline; zero: none
+	// limit is when the waiter leaves the line unserved: its deadline, or
+	// MaxWait after it came for one without (rule 12).
+	limit time.Time
+	// ready is called once, under the controller's lock, with nil (go),
+	// an error (shed), or context.DeadlineExceeded (its limit passed).
+	ready func(error)
+	done  bool
 }
 
-// takeLocked takes a token for an attempt, from the confirmation batch
-// first, and reports whether there was one.
-func (c *Controller) takeLocked() bool {
+// admit is Acquire without the wait: it reports err and queued false for
+// an attempt that may go at once (err nil) or may not go at all, or puts w
+// in the line (queued true), to be told by w.ready.
+func (c *Controller) admit(deadline time.Time, retry bool, w *waiter) (err error, queued bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.s.Now()
+	c.foldLocked(now)
+	if !c.pacing.Load() {
+		c.calmSent.Add(1)
+		return nil, false
+	}
+	ep := &c.ep
+	ep.arrived++
 	switch {
-	case c.ep.confirm.batch > 0:
-		c.ep.confirm.batch--
-	case c.ep.tokens >= 1:
-		c.ep.tokens--
-	default:
+	case !deadline.IsZero() && !now.Before(deadline): // its context's timer has not run yet
+		return context.DeadlineExceeded, false
+	case ep.down && !c.probeDueLocked(now):
+		c.stats.shed.Add(1)
+		return ErrDown, false
+	case c.lateLocked(deadline, now):
+		c.stats.shed.Add(1)
+		return ErrShed, false
+	case len(c.line) == 0 && c.takeLocked(now):
+		c.ev.cur().sent++
+		return nil, false
+	}
+	ep.waited = true
+	w.deadline, w.limit = deadline, deadline
+	if deadline.IsZero() {
+		w.limit = now.Add(c.s.MaxWait)
+	}
+	if c.edfLocked() {
+		i := limitIndex(c.line, w.limit)
+		if c.unreachableLocked(i, w.limit, now) { // rule 10
+			c.stats.shed.Add(1)
+			return ErrShed, false
+		}
+		c.line = slices.Insert(c.line, i, w)
+	} else if retry {
+		c.line = slices.Insert(c.line, 0, w) // the old end: served last newest first
+	} else {
+		c.line = append(c.line, w)
+	}
+	c.serveLocked(now)
+	return nil, true
+}
+
+// leave takes w out of the line when its caller gave up waiting, and
+// reports whether it had been told already (its ready was called). A token
+// it was given goes back.
+func (c *Controller) leave(w *waiter) (told bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w.done {
+		return true
+	}
+	if i := slices.Index(c.line, w); i >= 0 {
+		c.line = slices.Delete(c.line, i, i+1)
+	}
+	w.done = true
+	return false
+}
+
+// grantLocked tells w err (nil: go) once.
+func (c *Controller) grantLocked(w *waiter, err error) {
+	if !w.done {
+		w.done = true
+		w.ready(err)
+	}
+}
+
+// edfLocked reports whether the line is served by deadline (rule 9): the
+// server refuses nothing, or answers late (every answer of the last
+// Interval with answers took an Interval or more); newest first while it
+// refuses. A switch to deadline order sorts the line.
+func (c *Controller) edfLocked() bool {
+	ep := &c.ep
+	edf := ep.lastTook >= c.s.Interval || !ep.collapsed && !ep.refused && !ep.refusedLast
+	if edf && !c.edf {
+		slices.SortStableFunc(c.line, func(a, b *waiter) int { return a.limit.Compare(b.limit) })
+	}
+	c.edf = edf
+	return edf
+}
+
+// limitIndex is where a waiter that leaves at limit goes in a line in
+// deadline order: behind those that leave no later.
+func limitIndex(line []*waiter, limit time.Time) int {
+	return sort.Search(len(line), func(i int) bool { return line[i].limit.After(limit) })
+}
+
+// unreachableLocked reports whether the waiter at index i of the line in
+// deadline order cannot be answered before limit at the current rate: its
+// turn, then the least time the server took to answer (rule 10). Only
+// while the server refuses nothing: a rate that may change says nothing
+// of a turn.
+func (c *Controller) unreachableLocked(i int, limit, now time.Time) bool {
+	ep := &c.ep
+	if ep.collapsed || ep.refused || ep.refusedLast || ep.rate <= 0 {
 		return false
 	}
+	ahead := float64(i+1) - ep.tokens
+	wait := time.Duration(max(ahead, 0) / ep.rate * float64(c.s.Interval))
+	return now.Add(wait + ep.lastTook).After(limit)
+}
+
+// lateLocked reports whether an attempt due by deadline (zero: none) has
+// less time left than every answer of the last Interval with answers took
+// (rule 10): sent, it would be answered too late.
+func (c *Controller) lateLocked(deadline, now time.Time) bool {
+	return !deadline.IsZero() && c.ep.lastTook > 0 && deadline.Sub(now) < c.ep.lastTook
+}
+
+// probeDueLocked reports whether a probe may go now, and if so takes it.
+func (c *Controller) probeDueLocked(now time.Time) bool {
+	if now.Before(c.ep.probeAt) {
+		return false
+	}
+	c.ep.probeAt = now.Add(c.probeGap(0.5 + c.s.Rand()))
+	return true
+}
+
+// probeGap is the time to the next probe: f times the mean gap, where f
+// is random (rule 5): the clients of a fleet that saw the same collapse
+// would otherwise probe in step, and their probes together keep the
+// server down.
+func (c *Controller) probeGap(f float64) time.Duration {
+	return time.Duration(f * float64(c.s.Interval) / c.probeRate())
+}
+
+// takeLocked takes a token (while collapsed: a probe) and reports whether
+// there was one.
+func (c *Controller) takeLocked(now time.Time) bool {
+	ep := &c.ep
+	if ep.collapsed {
+		return c.probeDueLocked(now)
+	}
+	c.refillLocked(now)
+	if ep.tokens < 1 {
+		return false
+	}
+	ep.tokens--
 	return true
 }
 
 // refillLocked adds the tokens earned since the last refill, keeping at
-// most a 1/burstDivisor share of an interval's worth (at least one).
+// most 1/burstShare of an Interval's worth (at least one).
 func (c *Controller) refillLocked(now time.Time) {
-	if d := now.Sub(c.ep.refilled); d > 0 {
-		c.ep.tokens = min(c.ep.tokens+c.ep.rate*float64(d)/float64(c.s.Interval), max(1, c.ep.rate/burstDivisor))
-		c.ep.refilled = now
+	ep := &c.ep
+	if d := now.Sub(ep.refilled); d > 0 {
+		ep.tokens = min(ep.tokens+ep.rate*float64(d)/float64(c.s.Interval), max(1, ep.rate/burstShare))
+		ep.refilled = now
 	}
 }
 
-// serveLocked hands tokens to the waiters in the line's order (newest
-// first, or oldest first behind a server that answers late), sheds those
-// that cannot be served in time, and arms the timer for the next token.
+// serveLocked hands tokens to the waiters in the line's order, lets go of
+// those whose limit passed or that are shed, and arms the timer for what
+// comes next.
 func (c *Controller) serveLocked(now time.Time) {
-	c.refillLocked(now)
-	oldest := c.byDeadlineLocked()
-	for len(c.line) > 0 && (c.ep.confirm.batch > 0 || c.ep.tokens >= 1) {
+	if !c.pacing.Load() {
+		return
+	}
+	edf := c.edfLocked()
+	for len(c.line) > 0 {
 		i := len(c.line) - 1 // the newest
-		if oldest {
+		if edf {
 			i = 0
 		}
 		w := c.line[i]
-		c.line = slices.Delete(c.line, i, i+1) // and lets go of w
-		switch {                               // the token goes to the next:
-		case pastDeadline(w.deadline, now):
-			expireLocked(w)
+		switch {
+		case !now.Before(w.limit):
+			c.line = slices.Delete(c.line, i, i+1)
+			c.expireLocked(w)
 			continue
 		case c.lateLocked(w.deadline, now):
-			c.shedOneLocked(w)
+			c.line = slices.Delete(c.line, i, i+1)
+			c.stats.shed.Add(1)
+			c.grantLocked(w, ErrShed)
 			continue
 		}
-		c.takeLocked()
-		c.cur.sent++
-		w.done = true
-		w.ready <- nil
+		if !c.takeLocked(now) {
+			break
+		}
+		c.line = slices.Delete(c.line, i, i+1)
+		c.ev.cur().sent++
+		c.grantLocked(w, nil)
 	}
-	c.shedLocked(now)
-	if len(c.line) == 0 {
+	c.expireDueLocked(now)
+	c.armLocked(now)
+}
+
+// expireLocked lets go of a waiter whose limit passed: its deadline
+// (context.DeadlineExceeded, as its context would say), or MaxWait
+// (ErrShed).
+func (c *Controller) expireLocked(w *waiter) {
+	if w.deadline.IsZero() {
+		c.stats.shed.Add(1)
+		c.grantLocked(w, ErrShed)
 		return
 	}
-	c.armLocked(now, max(time.Duration((1-c.ep.tokens)/c.ep.rate*float64(c.s.Interval)), minWait))
+	c.grantLocked(w, context.DeadlineExceeded)
 }
 
-// armLocked makes the timer serve the line wait after now, unless it is
-// armed to come sooner.
-func (c *Controller) armLocked(now time.Time, wait time.Duration) {
-	if c.timer.armed {
-		if !now.Add(wait).Before(c.timer.due) || !c.timer.stop() {
-			return // the timer comes soon enough, or is firing now
+// expireDueLocked lets go of every waiter whose limit passed.
+func (c *Controller) expireDueLocked(now time.Time) {
+	c.line = slices.DeleteFunc(c.line, func(w *waiter) bool {
+		if now.Before(w.limit) {
+			return false
+		}
+		c.expireLocked(w)
+		return true
+	})
+}
+
+// lineTimer serves the line when the next token, probe or limit is due.
+type lineTimer struct {
+	armed bool
+	due   time.Time
+	stop  func() bool
+}
+
+func (t *lineTimer) stopLocked() {
+	if t.armed {
+		t.stop()
+		t.armed = false
+	}
+}
+
+// armLocked sets the timer for the next moment the line can move: a token
+// or a probe for its first waiter, or a waiter's limit.
+func (c *Controller) armLocked(now time.Time) {
+	if len(c.line) == 0 {
+		c.timer.stopLocked()
+		return
+	}
+	ep := &c.ep
+	var next time.Time
+	switch {
+	case ep.collapsed:
+		next = ep.probeAt
+	case ep.rate > 0:
+		next = now.Add(time.Duration((1 - ep.tokens) / ep.rate * float64(c.s.Interval)))
+	}
+	for _, w := range c.line {
+		if next.IsZero() || w.limit.Before(next) {
+			next = w.limit
 		}
 	}
-	c.timer.armed, c.timer.due = true, now.Add(wait)
-	c.timer.stop = c.s.AfterFunc(wait, c.tick)
+	next = later(next, now.Add(minWait))
+	if c.timer.armed && !next.Before(c.timer.due) && c.timer.due.After(now) {
+		return // due sooner already
+	}
+	c.timer.stopLocked()
+	c.timer.armed, c.timer.due = true, next
+	c.timer.stop = c.s.AfterFunc(next.Sub(now), c.tick)
 }
 
+// tick is the line timer's function.
 func (c *Controller) tick() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.timer.armed = false
 	now := c.s.Now()
-	c.advanceLocked(now)
-	if c.pacing.Load() {
-		c.serveLocked(now)
+	c.foldLocked(now)
+	c.serveLocked(now)
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
 	}
-}
-
-// shedLocked refuses the waiters that would not be answered before their
-// deadlines: each waits for its turn, then the least time an answer took
-// in the last interval with answers. While the server is collapsed, or
-// refused attempts in this interval (the rate is about to come down, or the
-// server to collapse), or the rate is still below what the server is known
-// to take or sustained before this episode (it may grow there at any
-// moment), the wait cannot be told, and waiters stay until their own
-// deadlines.
-//
-// Served newest first, the one k places from the newest waits about k+1
-// tokens of what is left after newer arrivals. Served oldest first
-// (byDeadlineLocked: earliest deadline first), the one with k kept ahead
-// of it waits k+1 tokens of the rate, later arrivals queueing behind it.
-// Either way the part of a token the bucket already holds is counted: the
-// next token is that much nearer than a whole token's time.
-func (c *Controller) shedLocked(now time.Time) {
-	if c.collapsed.Load() || c.refusingLocked() || len(c.line) == 0 || c.ep.rate < max(c.freeLocked(), c.ep.before) {
-		return // the rate is unknown, about to change, or still growing: no wait can be told
-	}
-	oldest := c.byDeadlineLocked()
-	per := float64(c.s.Interval) / c.ep.rate
-	kept := c.line[:0]
-	n := len(c.line)
-	for i, w := range c.line {
-		k := n - 1 - i
-		if oldest {
-			k = len(kept)
-		}
-		eta := now.Add(time.Duration(max(float64(k+1)-c.ep.tokens, 0)*per) + c.ep.lastTook)
-		switch {
-		case pastDeadline(w.deadline, now):
-			expireLocked(w)
-			continue
-		case !w.deadline.IsZero() && eta.After(w.deadline):
-			c.shedOneLocked(w)
-			continue
-		}
-		kept = append(kept, w)
-	}
-	clear(c.line[len(kept):])
-	c.line = kept
-}
-
-// oldestFirstLocked reports whether the line is served oldest first: the
-// line drains (drainingLocked), or every answer of the last interval with
-// answers took an Interval or more, so the server keeps a queue of its own
-// and the callers it can still answer in time are those with more time
-// left than that. design.go says why oldest first then gets the most
-// of them through.
-func (c *Controller) oldestFirstLocked() bool {
-	return c.ep.lastTook >= c.s.Interval || c.drainingLocked()
-}
-
-// byDeadlineLocked reports whether the line is served oldest first
-// (oldestFirstLocked), and then keeps it in deadline order, earliest at
-// the old end: sorted when that begins, each new waiter put in its place.
-// Oldest first is meant to be earliest deadline first, and the line's
-// order of arrival is not always that: a retry waits at the old end
-// (AcquireRetry), where a call's retry after a failed probe, a call
-// younger than most of the line, would take the tokens of the oldest
-// waiters while they run out of time. A waiter without a deadline comes
-// after every one with a deadline; waiters with the same deadline keep
-// their order.
-func (c *Controller) byDeadlineLocked() bool {
-	oldest := c.oldestFirstLocked()
-	if oldest && !c.edf {
-		slices.SortStableFunc(c.line, func(a, b *waiter) int { return compareDeadlines(a.deadline, b.deadline) })
-	}
-	c.edf = oldest
-	return oldest
-}
-
-// compareDeadlines orders deadlines earliest first, none (zero) last.
-func compareDeadlines(a, b time.Time) int {
-	switch {
-	case a.IsZero() == b.IsZero():
-		return a.Compare(b)
-	case a.IsZero():
-		return 1
-	default:
-		return -1
-	}
-}
-
-// deadlineIndex is where a waiter with deadline goes in a line in deadline
-// order: after every waiter whose deadline is not later.
-func deadlineIndex(line []*waiter, deadline time.Time) int {
-	return sort.Search(len(line), func(i int) bool { return compareDeadlines(line[i].deadline, deadline) > 0 })
-}
-
-// drainingLocked reports whether the line drains: the server answers
-// again, refused nothing in this interval, and the rate is back at what it
-// sustained before this episode (from there it grows, while attempts
-// wait, until it and its burst are a quarter above the attempts that
-// come). The attempts that come
-// are then served as they were before the overload, and the tokens above
-// them go to the callers who waited.
-func (c *Controller) drainingLocked() bool {
-	return !c.collapsed.Load() && !c.refusingLocked() && c.ep.before > 0 && c.ep.rate >= c.ep.before
-}
-
-// shedAllLocked lets every waiter go with err.
-func (c *Controller) shedAllLocked(err error) {
-	for _, w := range c.line {
-		c.shedOneWithLocked(w, err)
-	}
-	clear(c.line)
-	c.line = c.line[:0]
-}
-
-// shedOneLocked refuses waiter w with ErrShed; the caller takes it out of
-// the line.
-func (c *Controller) shedOneLocked(w *waiter) { c.shedOneWithLocked(w, ErrShed) }
-
-// shedOneWithLocked refuses waiter w with err; the caller takes it out of
-// the line.
-func (c *Controller) shedOneWithLocked(w *waiter, err error) {
-	w.done = true
-	w.ready <- err
-	c.stats.shed.Add(1)
-}
-
-// pastDeadline reports whether deadline (zero: none) has passed at t. A
-// waiter's context may not have ended yet (its timer runs late under
-// load), but an attempt sent now cannot be answered in time. Right after
-// a collapse no answer has been timed, so lateLocked sheds nobody, and the
-// oldest waiters, the first served once the line drains, are the ones
-// past their deadlines: a token handed to one was an attempt that could
-// not succeed, in place of one that could.
-func pastDeadline(deadline, t time.Time) bool {
-	return !deadline.IsZero() && !t.Before(deadline)
-}
-
-// expireLocked lets waiter w go with its context's error: its deadline
-// has passed, and the controller shed nothing (it is not counted as
-// shed, and its caller sees the DeadlineExceeded its context would give).
-// The caller takes it out of the line.
-func expireLocked(w *waiter) {
-	w.done = true
-	w.ready <- context.DeadlineExceeded
-}
-
-// lateLocked reports whether an attempt with deadline (zero: none), sent
-// at t, could not be answered in time: it would have less time left than
-// every answer of the last interval with answers took.
-func (c *Controller) lateLocked(deadline, t time.Time) bool {
-	return c.ep.lastTook > 0 && !deadline.IsZero() && deadline.Sub(t) < c.ep.lastTook
-}
-
-func (c *Controller) removeLocked(w *waiter) {
-	if i := slices.Index(c.line, w); i >= 0 {
-		c.line = slices.Delete(c.line, i, i+1)
-	}
+	return a
 }

@@ -2,7 +2,8 @@ package pacing
 
 import (
 	"context"
-	"slices"
+	"math"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,22 +13,68 @@ import (
 	"github.com/herdguard/herdguard/internal/errs"
 )
 
+// The controller's fixed constants, each used by the rule named beside it
+// (doc.go lists the rules). Its settings are overload.Settings.
+const (
+	// buckets: the Window the evidence covers is this many Intervals
+	// (rule 1).
+	buckets = 10
+	// freshAttempts: before a whole Interval has passed, a client judges
+	// only evidence of freshAttempts×MinFailures attempts (rule 1).
+	freshAttempts = 4
+	// sdAbove: refusals above the server's own share by this many
+	// standard deviations are not chance (rules 2, 4, 7). The test runs
+	// at every refusal, so a looser one would err every few seconds.
+	sdAbove = 3
+	// keptUp: a server that ends fewer than this share of the attempts
+	// it was sent over a Window is queuing (rule 2).
+	keptUp = 0.9
+	// memory: what the server fails on its own is learnt with this weight
+	// per Interval, over some 5 s (rule 3).
+	memory = 0.98
+	// sdSame: a sample refused within this many standard deviations of
+	// the evidence that lowered the rate is refused as much (rule 4).
+	sdSame = 2
+	// chance: a collapse is a run of refusals that the share the server
+	// fails on its own would make less often than this (rule 5).
+	chance = 1e-4
+	// probeShare: a collapsed server is probed at 1/probeShare of what
+	// this client's traffic got from it per Interval (rule 5), at most
+	// once per Interval and at least once per probeFloor Intervals.
+	probeShare = 4
+	probeFloor = 2 * buckets
+	// maxDoublings bounds how often the hold doubles after setbacks
+	// (rule 7).
+	maxDoublings = 5
+	// growth is the factor the rate grows by per Hold, and how far above
+	// the attempts that come it may go (rule 8).
+	growth = 1.1
+	// burstShare: the token bucket keeps at most 1/burstShare of an
+	// Interval's worth of tokens (at least one), so that attempts stay
+	// spread over the Interval.
+	burstShare = 10
+	// foldEvery: the calm path reads the clock once per foldEvery answers.
+	foldEvery = 32
+	// minWait is the least time the line's timer waits for a token.
+	minWait = 100 * time.Microsecond
+)
+
 // ErrShed is returned by [Controller.Acquire] for an attempt the controller
 // refused without sending: its deadline could not be met at the rate the
-// server takes.
+// server takes, or it waited in the line as long as a call may (MaxWait).
 var ErrShed = errs.New("overload: attempt shed: the server is overloaded and the deadline cannot be met")
 
 // ErrDown is returned by [Controller.Acquire] for an attempt the controller
-// refused without sending because the server has answered nothing: it
-// collapsed before this controller ever saw it answer, so holding the
-// attempt back cannot be shown to help. One attempt per Interval still goes,
-// as a probe. errors.Is(ErrDown, ErrShed) is true.
+// refused without sending because the server is down: it has refused every
+// attempt for DownAfter while the controller held attempts back, so holding
+// them back has not helped. One probe still goes now and then.
+// errors.Is(ErrDown, ErrShed) is true.
 var ErrDown error = downError{}
 
 type downError struct{}
 
 func (downError) Error() string {
-	return errs.Prefix + "overload: attempt shed: the server has answered nothing since it collapsed"
+	return errs.Prefix + "overload: attempt shed: the server has refused every attempt while held back"
 }
 
 func (downError) Is(target error) bool { return target == ErrShed }
@@ -36,52 +83,62 @@ func (downError) Is(target error) bool { return target == ErrShed }
 type Outcome uint8
 
 const (
-	// Ignored says nothing: the caller cancelled, or the client failed by
-	// itself.
+	// Ignored says nothing: the caller cancelled, the client failed by
+	// itself, or the attempt never reached a server.
 	Ignored Outcome = iota
 	// Answered is any answer that is not an overload signal (OK, and also
 	// NotFound or InvalidArgument: the server had the capacity to answer).
 	Answered
 	// Overloaded is a refusal for load: Unavailable, ResourceExhausted.
 	Overloaded
-	// Late is an attempt that timed out (DeadlineExceeded): an overload
-	// signal, as Overloaded, but the server answered nothing in time
-	// rather than refusing. A server whose attempts only time out is slow,
-	// not down: it is paced, never refused at once as one that refuses
-	// everything and never answered is ([ErrDown]).
+	// Late is an attempt the server did not answer in time
+	// (DeadlineExceeded): an overload signal, but a slow server is not a
+	// down one, so it never makes the server down.
 	Late
 )
 
-// Controller paces one server's attempts. Make one with [New]. It is safe
+// Env is the time a Controller reads and waits on, and its random source.
+// A nil field is the real one: time.Now, time.AfterFunc (AfterFunc runs f
+// after d, in its own goroutine or synchronously as the owner decides, and
+// returns a function that stops it), and math/rand/v2's Float64 (a number
+// in [0, 1)).
+type Env struct {
+	Now       func() time.Time
+	AfterFunc func(d time.Duration, f func()) (stop func() bool)
+	Rand      func() float64
+}
+
+// config is a controller's settings, defaults filled in, and its Env.
+type config struct {
+	overload.Settings
+	Env
+}
+
+// Controller paces one target's attempts. Make one with [New]. It is safe
 // for concurrent use.
 type Controller struct {
 	s config
 
-	// Read without the lock, on the calm path.
+	// The calm path: read and counted without the lock.
 	pacing    atomic.Bool
-	collapsed atomic.Bool  // pacing, and the last interval refused everything
-	ok        atomic.Int64 // answers in the current interval (while calm: since start)
-	calm      calmCounts
+	calmSent  atomic.Int64 // attempts sent while calm, not yet folded into ev
+	calmOK    atomic.Int64 // answers while calm, not yet folded
+	answers   atomic.Uint32
+	foldAfter atomic.Int64 // Unix ns: a calm answer past this folds the counts in
 	stats     counters
-
-	mu    sync.Mutex
-	start time.Time // of the current interval
-	cur   interval  // the current interval's counts
-	ep    episode   // the current episode of pacing, or the last one
-	line  []*waiter // newest last; by deadline while edf
-	edf   bool      // the line was last served oldest first: see byDeadlineLocked
-	timer lineTimer
-
-	// What the controller has learnt of the server, across episodes.
-	known float64 // answers per interval the server sustained before the overload
-	base  share   // its refusals and answers in the intervals that were not overloaded: see baseLocked
-	// indep is the share of attempts the last confirmation showed the
-	// server fails whatever the load; 0 when none showed it.
-	indep float64
-	// While calm: the attempts sent in the last interval that it did not
-	// answer, still in flight when the current one began.
-	carried      float64
-	answeredEver bool // the server has answered an attempt of this controller
+	mu        sync.Mutex
+	ev        evidence  // the outcomes of the last Window
+	folded    time.Time // when the calm counts were last folded into ev
+	base      float64   // the share of attempts the server fails on its own: baseR/baseN
+	baseR     float64   // the refusals behind it (decaying)
+	baseN     float64   // the outcomes behind it (decaying)
+	known     float64   // answers per Interval this client's traffic got while calm
+	run       int       // refusals since the server's last answer
+	ep        episode   // the current episode of pacing, or the last one
+	line      []*waiter // newest last; by deadline while edf
+	edf       bool      // the line is in deadline order
+	timer     lineTimer // serves the line
+	intervals int       // Intervals since New, up to buckets: how much of ev is history
 }
 
 // counters are the totals since New that State reports.
@@ -89,300 +146,227 @@ type counters struct {
 	delayed, shed, episodes atomic.Uint64
 }
 
-// Clock is the time a Controller reads and waits on. A nil field is real
-// time: time.Now, and time.AfterFunc (AfterFunc runs f after d, in its own
-// goroutine or synchronously as the clock's owner decides, and returns a
-// function that stops it).
-type Clock struct {
-	Now       func() time.Time
-	AfterFunc func(d time.Duration, f func()) (stop func() bool)
-}
-
-// config is a controller's settings, defaults filled in, and its clock.
-type config struct {
-	overload.Settings
-	Clock
-}
-
-// New returns a calm controller for s, on clk.
-func New(s overload.Settings, clk Clock) (*Controller, error) {
+// New returns a calm controller for s, in env.
+func New(s overload.Settings, env Env) (*Controller, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	if clk.Now == nil {
-		clk.Now = time.Now
+	if env.Now == nil {
+		env.Now = time.Now
 	}
-	if clk.AfterFunc == nil {
-		clk.AfterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
+	if env.AfterFunc == nil {
+		env.AfterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 	}
-	c := &Controller{s: config{s.WithDefaults(), clk}}
-	c.start = clk.Now()
+	if env.Rand == nil {
+		env.Rand = rand.Float64
+	}
+	c := &Controller{s: config{s.WithDefaults(), env}}
+	now := env.Now()
+	c.ev.start, c.folded = now, now
+	c.foldAfter.Store(now.Add(c.s.Interval).UnixNano())
 	return c, nil
 }
 
-// Acquire asks leave to send one attempt, and returns how long the attempt
-// was held back. While the server is calm it returns at once. While pacing
-// it waits for a token in the line (served newest first while the server
-// is overloaded, oldest first while the line drains; see design.go)
-// until ctx ends (its error is returned; context.DeadlineExceeded as soon
-// as its deadline passes on the controller's clock, whether or not its
-// timer has run) or the controller sheds the attempt ([ErrShed]). Only an
-// attempt with a deadline can be shed: one without waits as long as the
-// overload lasts, or until ctx is cancelled.
-func (c *Controller) Acquire(ctx context.Context) (time.Duration, error) {
-	if !c.pacing.Load() {
-		c.calm.sent.Add(1)
-		return 0, nil
-	}
-	return c.acquire(ctx, false)
-}
-
-// AcquireRetry is Acquire for the retry of an attempt the server refused
-// for load while the controller paces: instead of a backoff wait, the retry
-// waits at the old end of the line, with the oldest callers. Served newest
-// first, it goes behind every attempt already waiting and every one that
-// comes later: under a lasting overload fresh calls go first. Served
-// oldest first (the line drains, or the server answers late), the line is
-// in deadline order and the retry takes its call's place in it: first when
-// its call is among the oldest, behind the older callers when it is not
-// (the retry of a probe, which is the newest waiter's call).
-func (c *Controller) AcquireRetry(ctx context.Context) (time.Duration, error) {
-	if !c.pacing.Load() {
-		c.calm.sent.Add(1)
-		return 0, nil
-	}
-	return c.acquire(ctx, true)
-}
-
-func (c *Controller) acquire(ctx context.Context, back bool) (time.Duration, error) {
-	c.mu.Lock()
-	now := c.s.Now()
-	c.advanceLocked(now)
-	if !c.pacing.Load() {
-		c.calm.sent.Add(1)
-		c.mu.Unlock()
-		return 0, nil
-	}
-	c.cur.arrived++
-	deadline, _ := ctx.Deadline()
-	if c.ep.down && c.ep.tokens < 1 {
-		c.stats.shed.Add(1)
-		c.mu.Unlock()
-		return 0, ErrDown
-	}
-	if pastDeadline(deadline, now) { // its context's timer has not run yet
-		c.mu.Unlock()
-		return 0, context.DeadlineExceeded
-	}
-	if c.lateLocked(deadline, now) {
-		c.stats.shed.Add(1)
-		c.mu.Unlock()
-		return 0, ErrShed
-	}
-	if len(c.line) == 0 && c.takeLocked() { // nobody waits: back or front is the same
-		c.cur.sent++
-		c.mu.Unlock()
-		return 0, nil
-	}
-	c.cur.waited = true
-	w := &waiter{deadline: deadline, ready: make(chan error, 1)}
-	switch {
-	case c.byDeadlineLocked():
-		c.line = slices.Insert(c.line, deadlineIndex(c.line, deadline), w)
-	case back:
-		c.line = slices.Insert(c.line, 0, w)
-	default:
-		c.line = append(c.line, w)
-	}
-	c.serveLocked(now)
-	c.mu.Unlock()
-
-	select {
-	case err := <-w.ready:
-		if err == nil {
-			c.stats.delayed.Add(1)
-		}
-		return c.s.Now().Sub(now), err
-	case <-ctx.Done():
-		c.mu.Lock()
-		if w.done { // served or shed at the same moment: give a token back
-			if err := <-w.ready; err == nil {
-				c.ep.tokens++
-			}
-		} else {
-			c.removeLocked(w)
-		}
-		c.mu.Unlock()
-		return c.s.Now().Sub(now), ctx.Err()
-	}
-}
-
-// Pacing reports whether the controller is pacing attempts: the server has
+// Pacing reports whether the controller paces attempts: the server has
 // shown it is overloaded. It takes no lock.
 func (c *Controller) Pacing() bool { return c.pacing.Load() }
 
 // Sent reports an attempt sent without asking Acquire because Pacing
-// reported false, as a caller that keeps the calm path short does: one
-// atomic load and one atomic add, and nothing while pacing (every attempt
-// then asks Acquire). The refusals that may start the pacing are judged
-// against the attempts sent, not only those answered: a server that fails
-// a share of its attempts at once and answers the rest a little later would
-// otherwise show only refusals at first, and look overloaded.
+// reported false: one atomic load and one atomic add. The refusals that may
+// start the pacing are judged against the attempts sent, not only those
+// that ended.
 func (c *Controller) Sent() {
 	if !c.pacing.Load() {
-		c.calm.sent.Add(1)
+		c.calmSent.Add(1)
 	}
 }
 
-// Answered is Done(Answered) without its switch: while calm it is one
-// atomic load and one atomic add (and two clock readings per 128 answers), and
-// takes no lock.
-func (c *Controller) Answered() {
+// Acquire asks leave to send one attempt, and returns how long the attempt
+// was held back. While the server is calm it returns at once. While pacing
+// it waits in the line for a token until ctx ends (its error is returned;
+// context.DeadlineExceeded as soon as its deadline passes on the
+// controller's clock), or the controller sheds the attempt ([ErrShed],
+// [ErrDown]). retry is true for the retry of an attempt the server refused
+// for load: it waits instead of its backoff, at the old end of the line.
+// A wait never outlasts the attempt's deadline, nor MaxWait.
+func (c *Controller) Acquire(ctx context.Context, retry bool) (time.Duration, error) {
 	if !c.pacing.Load() {
-		c.countCalm()
-	} else {
-		c.answeredPacing(0, false)
+		c.calmSent.Add(1)
+		return 0, nil
+	}
+	deadline, _ := ctx.Deadline()
+	ready := make(chan error, 1)
+	w := &waiter{ready: func(err error) { ready <- err }}
+	began := c.s.Now()
+	err, queued := c.admit(deadline, retry, w)
+	if !queued {
+		return 0, err
+	}
+	select {
+	case err := <-ready:
+		if err == nil {
+			c.stats.delayed.Add(1)
+		}
+		return c.s.Now().Sub(began), err
+	case <-ctx.Done():
+		if c.leave(w) { // served or shed at the same moment: a token is lost
+			<-ready
+		}
+		return c.s.Now().Sub(began), ctx.Err()
 	}
 }
 
-// AnsweredAfter is Answered for an attempt the server answered d after it
-// was sent. While pacing, the controller keeps the least such time of each
-// interval: an attempt with less time left before its deadline than every
-// answer of the last interval took cannot be answered in time (a server
-// with a queue answers late, and a waiter's time runs out in the line), so
-// it is shed rather than sent. Attempts whose time is not known are
-// reported with Answered and teach nothing.
-func (c *Controller) AnsweredAfter(d time.Duration) {
-	if !c.pacing.Load() {
-		c.countCalm()
-	} else {
-		c.answeredPacing(max(d, 1), false)
-	}
-}
-
-// AnsweredSentCalm is Answered for an attempt sent while the controller
-// was calm (Pacing reported false before it was sent), whose time was not
-// taken so that the calm path stays cheap. Answered while pacing, it was
-// sent before this episode began, so its answer took at least as long as
-// the episode has lasted: the controller counts that time as it counts
-// AnsweredAfter's. A server that queues is then seen to answer late as
-// soon as the answers to the attempts sent before the overload come in,
-// a whole queue's wait before the first paced attempt is answered.
-func (c *Controller) AnsweredSentCalm() {
-	if !c.pacing.Load() {
-		c.countCalm()
-	} else {
-		c.answeredPacing(0, true)
-	}
-}
-
-// TimedOut reports an attempt that Acquire let through and whose caller's
-// deadline passed while it was in flight: it waited held in the line, and
-// went out with left before the deadline. It is an overload signal, as
-// Done(Overloaded) is, unless it waited longer than it then had left: the
-// line, not the server, spent most of the caller's time, and it says
-// nothing (Done(Ignored)). Served oldest
-// first, the line sends callers at the edge of their deadlines, and a
-// server that misses an edge that near is not therefore slow; taken as
-// overload, a few such misses would stop a line that drains.
-func (c *Controller) TimedOut(held, left time.Duration) {
-	if held > left {
-		c.Done(Ignored)
-		return
-	}
-	c.Done(Late)
-}
-
-// Done reports how an attempt that Acquire let through ended.
-func (c *Controller) Done(o Outcome) {
+// Done reports how an attempt that Acquire let through (or that Sent
+// counted) ended, and how long the server took to answer it (0: not known).
+func (c *Controller) Done(o Outcome, took time.Duration) {
 	switch o {
 	case Answered:
-		c.Answered()
-	case Overloaded, Late:
-		c.mu.Lock()
-		now := c.s.Now()
-		c.advanceLocked(now)
-		if c.ep.confirm.need > 0 {
-			// An outcome of the confirmation's batch, counted apart
-			// from the interval's (see answeredCollapsedLocked).
-			c.ep.confirm.fail++
-			c.judgeLocked(now)
-		} else {
-			c.cur.fail++
-			if o == Late {
-				c.cur.lateFail++
-			}
-			if !c.pacing.Load() && c.cur.fail >= c.s.MinFailures && c.triggerLocked(float64(c.cur.fail), c.triggerCountLocked()) {
-				c.beginLocked(now)
-			}
-		}
-		c.mu.Unlock()
-	case Ignored:
 		if !c.pacing.Load() {
-			c.calm.lost.Add(1)
+			c.calmOK.Add(1)
+			if c.answers.Add(1)%foldEvery == 0 && c.s.Now().UnixNano() >= c.foldAfter.Load() {
+				c.mu.Lock()
+				c.foldLocked(c.s.Now())
+				c.mu.Unlock()
+			}
 			return
 		}
 		c.mu.Lock()
 		now := c.s.Now()
-		c.advanceLocked(now)
-		if c.ep.confirm.need > 0 {
-			c.unconfirmedLocked(now)
+		c.foldLocked(now)
+		c.ev.cur().answered++
+		c.run = 0
+		if c.pacing.Load() {
+			c.answeredLocked(now, took)
 		}
 		c.mu.Unlock()
+	case Overloaded, Late:
+		c.mu.Lock()
+		now := c.s.Now()
+		c.foldLocked(now)
+		c.run++
+		c.ev.cur().refused++
+		if c.pacing.Load() {
+			c.refusedLocked(now, o == Late)
+		} else {
+			c.judgeCalmLocked(now)
+		}
+		c.mu.Unlock()
+
 	}
 }
 
-// answeredPacing counts an answer while pacing, that took d (0: not
-// known), or was sent before the episode began (sentCalm): it may end a
-// collapse, or grow a slow start.
-func (c *Controller) answeredPacing(d time.Duration, sentCalm bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := c.s.Now()
-	c.advanceLocked(now) // the answer belongs to the interval now
-	c.answeredEver = true
-	if sentCalm {
-		d = max(now.Sub(c.ep.began), 1) // at least: it was sent before
+// foldLocked moves the controller's time to now: it ends the Intervals
+// that are over (the episode's rules run at the end of each) and folds
+// the calm path's counts into the evidence, spread over the time since
+// they were last folded.
+func (c *Controller) foldLocked(now time.Time) {
+	iv := c.s.Interval
+	ended := c.ev.advance(now, iv)
+	sent, ok := c.calmSent.Swap(0), c.calmOK.Swap(0)
+	if sent > 0 || ok > 0 {
+		c.ev.spread(counts{sent: float64(sent), answered: float64(ok)}, c.folded, now, iv)
 	}
-	if d > 0 && (c.cur.took == 0 || d < c.cur.took) {
-		c.cur.took = d
+	if ok > 0 {
+		c.run = 0 // the server answered since the last refusal
 	}
-	if c.ep.confirm.need > 0 && !sentCalm {
-		c.ep.confirm.ok++
-		c.judgeLocked(now)
+	c.folded = now
+	c.foldAfter.Store(c.ev.start.Add(iv).UnixNano())
+	if ended == 0 {
 		return
 	}
-	c.ok.Add(1)
-	switch {
-	case c.collapsed.Load() && !sentCalm:
-		c.answeredCollapsedLocked(now)
-	case c.collapsed.Load():
-		// An answer to an attempt sent before the episode began: the
-		// server works through what it had. In the interval the episode
-		// began in, that is the attempts in flight when it began, and
-		// says nothing; after it, a server that queues answers so (see
-		// AnsweredSentCalm), which is the overload, and the rate
-		// restarts at once, unconfirmed. Behind a queue a probe is
-		// answered a queue's wait later: a line that waited for it
-		// would lose its oldest callers; and a confirmation on such an
-		// answer would see a batch half refused by the full queue and
-		// half answered, take it for failures independent of the load,
-		// and end the pacing into the overload.
-		if !c.ep.fresh && c.ep.confirm.need == 0 {
-			c.restartLocked(now)
+	c.intervals = min(c.intervals+ended, buckets)
+	if c.pacing.Load() {
+		for k := min(ended, buckets); k > 0 && c.pacing.Load(); k-- {
+			c.intervalLocked(c.ev.last(k), now)
 		}
-	case c.slowStartLocked(now):
-		// Below what the server is known to take, each answer adds a
-		// token per interval: the rate doubles every round trip, as TCP's
-		// slow start does.
-		c.ep.rate = min(c.ep.rate+1, c.freeLocked())
-		c.serveLocked(now)
+		return
 	}
+	c.learnLocked(min(ended, buckets))
+	if c.queuing() {
+		c.beginLocked(now, c.ev.total())
+	}
+}
+
+// queuing reports whether the server falls behind: over a whole Window,
+// the attempts that ended are fewer than keptUp of those sent, and
+// MinFailures fewer at least, so its queue grows (rule 2). A slow server
+// that keeps up ends as many as it is sent, however long each takes.
+func (c *Controller) queuing() bool {
+	t := c.ev.total()
+	ended := t.answered + t.refused
+	return c.intervals >= buckets && t.sent-ended >= float64(c.s.MinFailures) && ended < keptUp*t.sent
+}
+
+// learnLocked learns, while calm, what the last ended Intervals tell of
+// the server: the share of attempts it fails on its own (rule 3) and the
+// answers per Interval this client's traffic gets (rule 5).
+func (c *Controller) learnLocked(ended int) {
+	for k := ended; k > 0; k-- {
+		b := c.ev.last(k)
+		c.baseR, c.baseN = c.baseR*memory, c.baseN*memory
+		if n := b.answered + b.refused; n > 0 && !c.overloaded(b) {
+			c.baseR += b.refused
+			c.baseN += n
+		}
+	}
+	if c.baseN > 0 {
+		c.base = c.baseR / c.baseN
+	}
+	// What this client's traffic gets, learnt while the server keeps up
+	// with it: a server that answers less than it is sent, refusing
+	// nothing, queues, and its answers then tell its capacity, not what
+	// it took before the overload.
+	if t := c.ev.total(); c.intervals > 1 && !c.overloaded(t) && !c.queuing() {
+		c.known = (t.answered - c.ev.cur().answered) / float64(c.intervals-1)
+	}
+}
+
+// overloaded reports whether counts show overload: more than FailureRatio
+// of the attempts refused, and more than the server's own share explains
+// (rule 2).
+func (c *Controller) overloaded(e counts) bool {
+	return e.share() > c.s.FailureRatio && e.above(c.base)
+}
+
+// collapsedRun reports whether the refusals since the server's last answer
+// show it collapsed (rule 5): at least MinFailures of them, and a longer
+// run than the share the server fails on its own makes by chance once in
+// 1/chance. That share is the one learnt (rule 3), or, before enough is
+// learnt, the share of the Window's attempts before the run, counted as if
+// MinFailures more had been refused at FailureRatio.
+func (c *Controller) collapsedRun() bool {
+	need := float64(c.s.MinFailures)
+	own := c.base
+	if c.baseN < need {
+		t := c.ev.total()
+		k := need
+		own = (max(t.refused-float64(c.run), 0) + c.s.FailureRatio*k) / (max(t.answered+t.refused-float64(c.run), 0) + k)
+	}
+	if own > 0 && own < 1 {
+		need = max(need, math.Log(chance)/math.Log(own))
+	}
+	return float64(c.run) >= need
+}
+
+// judgeCalmLocked starts the pacing when the evidence, which must cover
+// at least a whole Interval or hold 4×MinFailures attempts, shows
+// overload (rule 2): a collapse (rule 5), or refusals above FailureRatio
+// and the server's own share.
+func (c *Controller) judgeCalmLocked(now time.Time) {
+	if c.intervals == 0 && c.ev.total().outcomes() < freshAttempts*float64(c.s.MinFailures) {
+		return // too little evidence yet: less than an Interval's, and few attempts
+	}
+	e, _, ok := c.ev.holding(float64(c.s.MinFailures))
+	if !c.collapsedRun() && (!ok || !c.overloaded(e)) {
+		return
+	}
+	c.beginLocked(now, e)
 }
 
 // State is a snapshot of a controller, for metrics.
 type State struct {
 	Pacing   bool
+	Down     bool    // the server refused every attempt for DownAfter while held back
 	Rate     float64 // attempts per second while pacing; 0 when calm
 	Waiting  int     // attempts in the line
 	Delayed  uint64  // attempts sent after waiting, since New
@@ -394,10 +378,11 @@ type State struct {
 func (c *Controller) State() State {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.advanceLocked(c.s.Now())
+	c.foldLocked(c.s.Now())
 	st := State{Pacing: c.pacing.Load(), Waiting: len(c.line),
 		Delayed: c.stats.delayed.Load(), Shed: c.stats.shed.Load(), Episodes: c.stats.episodes.Load()}
 	if st.Pacing {
+		st.Down = c.ep.down
 		st.Rate = c.ep.rate * float64(time.Second) / float64(c.s.Interval)
 	}
 	return st

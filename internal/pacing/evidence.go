@@ -1,0 +1,121 @@
+package pacing
+
+import (
+	"math"
+	"time"
+)
+
+// counts are outcomes: attempts sent, answered, and refused for load.
+type counts struct {
+	sent, answered, refused float64
+}
+
+func (c *counts) add(o counts) {
+	c.sent += o.sent
+	c.answered += o.answered
+	c.refused += o.refused
+}
+
+// outcomes is how many attempts the counts judge: those that ended, or
+// those sent if more (refusals often come back ahead of the answers to
+// the same attempts, which a server serves after it refuses the rest).
+func (c counts) outcomes() float64 { return max(c.answered+c.refused, c.sent) }
+
+// share is the refused share of the outcomes; 0 with none.
+func (c counts) share() float64 {
+	if n := c.outcomes(); n > 0 {
+		return c.refused / n
+	}
+	return 0
+}
+
+// above reports whether the refusals are more than a server that fails a
+// share base of its attempts on its own refuses by chance: more than
+// sdAbove standard deviations above the mean of base's binomial.
+func (c counts) above(base float64) bool {
+	n := c.outcomes()
+	return c.refused > n*base+sdAbove*math.Sqrt(n*base*(1-base))
+}
+
+// evidence is a target's outcomes of the last Window, in Intervals: a
+// ring of buckets, the current one last.
+type evidence struct {
+	start time.Time // when the current bucket began
+	b     [buckets]counts
+	i     int // the current bucket
+}
+
+// advance ends the buckets whose Interval is over by now, and reports how
+// many ended (at most one more than the ring holds).
+func (e *evidence) advance(now time.Time, iv time.Duration) int {
+	ended := 0
+	for now.Sub(e.start) >= iv {
+		if ended == buckets { // the whole ring is over: start afresh
+			e.b = [buckets]counts{}
+			e.start = e.start.Add(now.Sub(e.start) / iv * iv)
+			return ended + 1
+		}
+		e.i = (e.i + 1) % buckets
+		e.b[e.i] = counts{}
+		e.start = e.start.Add(iv)
+		ended++
+	}
+	return ended
+}
+
+func (e *evidence) cur() *counts { return &e.b[e.i] }
+
+// last returns the bucket k Intervals back (0: the current one).
+func (e *evidence) last(k int) counts { return e.b[(e.i-k+buckets)%buckets] }
+
+// holding returns the counts of the fewest recent buckets, the current one
+// first, that hold at least refused refusals, and false when the whole
+// Window holds fewer, with how many buckets they are: the evidence of a client that sends much is its last
+// Interval, and of one that sends little its last second.
+func (e *evidence) holding(refused float64) (c counts, k int, ok bool) {
+	for k = range buckets {
+		c.add(e.last(k))
+		if c.refused >= refused {
+			return c, k + 1, true
+		}
+	}
+	return c, buckets, false
+}
+
+// total returns the counts of the whole Window.
+func (e *evidence) total() counts {
+	var c counts
+	for k := range buckets {
+		c.add(e.b[k])
+	}
+	return c
+}
+
+// spread adds c, counted over the time from since to now, to the buckets
+// that time covers, evenly: the calm path counts without the clock, and
+// its counts are folded in now and then.
+func (e *evidence) spread(c counts, since, now time.Time, iv time.Duration) {
+	span := now.Sub(since)
+	if span <= 0 || !since.Before(e.start) {
+		e.cur().add(c)
+		return
+	}
+	for k := range buckets {
+		from := e.start.Add(-time.Duration(k) * iv)
+		to := from.Add(iv)
+		if k == 0 {
+			to = now
+		}
+		lo := max(from.UnixNano(), since.UnixNano())
+		if over := to.UnixNano() - lo; over > 0 {
+			f := float64(over) / float64(span)
+			b := &e.b[(e.i-k+buckets)%buckets]
+			b.sent += c.sent * f
+			b.answered += c.answered * f
+			b.refused += c.refused * f
+		}
+		if !from.After(since) {
+			return
+		}
+	}
+}
