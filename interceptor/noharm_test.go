@@ -233,18 +233,17 @@ func handWrittenA6(ctx context.Context, method string, req, reply any, cc *grpc.
 	}
 }
 
-// TestNoHarmDeadServer: a server that fails every attempt at once. The
-// defaults hold back: they send at most 5 % of the attempts that retries
-// alone send (or 25 a second), and their calls fail at once, without
-// waiting through backoff (the median failed call takes under 50ms;
-// retries alone take their waits, about 150ms). The calls of the first
-// second wait in the line: a server that refuses a fresh client for 10
-// intervals before it answers anything may be restarting. Before, every
-// call waited in the overload controller's line until its 2 s deadline.
+// TestNoHarmDeadServer: a server that fails every attempt at once, for 6 s
+// of calls. The defaults hold back: they send at most 5 % of the attempts
+// that retries alone send (or 25 a second), and their calls fail at once,
+// without waiting through backoff (the median failed call takes under
+// 50ms; retries alone take their waits, about 150ms). The calls of the
+// first DownAfter (2 s) wait in the line: a server that refuses everything
+// may be one that collapsed and recovers once left alone.
 func TestNoHarmDeadServer(t *testing.T) {
 	sent := map[string]int64{}
 	median := map[string]time.Duration{}
-	const d = 3 * time.Second
+	const d = 6 * time.Second
 	for _, st := range []struct {
 		name string
 		opts []Option

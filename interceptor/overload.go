@@ -134,35 +134,44 @@ func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd,
 	}
 }
 
-// timedOutIn tells the controller, and reports true, when an attempt of
-// the call whose context is ctx, which asked the controller at asked and
-// was sent at sent (zero: sent while calm), ended with err because the
-// call's deadline passed while it was in flight: not its own
-// PerAttemptTimeout (perAttempt), nor an error that is not
-// DeadlineExceeded. Such an attempt is Late (the server did not answer in
-// time), unless it waited in the line longer than it then had left: the
-// line, not the server, spent the call's time, and it says nothing. Served
-// by deadline, the line sends callers at the edge of their deadlines, and
-// a server that misses an edge that near is not therefore slow.
+// timedOutIn tells the controller what timeoutOutcome makes of an
+// attempt's end, and reports whether it was a time-out at the call's
+// deadline.
+func timedOutIn(ctx context.Context, ctl *pacing.Controller, err error, perAttempt bool, asked, sent time.Time, clk clock) bool {
+	o, ok := timeoutOutcome(ctx, err, perAttempt, asked, sent, clk)
+	if ok {
+		ctl.Done(o, 0)
+	}
+	return ok
+}
+
+// timeoutOutcome reports (ok) whether an attempt of the call whose context
+// is ctx, which asked the controller at asked and was sent at sent (zero:
+// sent while calm), ended with err because the call's deadline passed
+// while it was in flight: not its own PerAttemptTimeout (perAttempt), nor
+// an error that is not DeadlineExceeded. Such an attempt is Late (the
+// server did not answer in time), unless it waited in the line longer than
+// it then had left: the line, not the server, spent the call's time, and
+// it says nothing (Ignored). Served by deadline, the line sends callers at
+// the edge of their deadlines, and a server that misses an edge that near
+// is not therefore slow.
 //
 // The deadline has passed when the context says so, or when clk reads
 // within deadlineSlack of it: the server holds its own copy of the
 // deadline, and under load its timer can fire, and its DeadlineExceeded
 // arrive, before the context's own timer has run.
-func timedOutIn(ctx context.Context, ctl *pacing.Controller, err error, perAttempt bool, asked, sent time.Time, clk clock) bool {
+func timeoutOutcome(ctx context.Context, err error, perAttempt bool, asked, sent time.Time, clk clock) (pacing.Outcome, bool) {
 	if sent.IsZero() || perAttempt || status.Code(err) != codes.DeadlineExceeded {
-		return false
+		return pacing.Ignored, false
 	}
 	dl, ok := ctx.Deadline()
 	if !ok || ctx.Err() != context.DeadlineExceeded && dl.Sub(clk.Now()) > deadlineSlack {
-		return false
+		return pacing.Ignored, false
 	}
 	if sent.Sub(asked) > dl.Sub(sent) {
-		ctl.Done(pacing.Ignored, 0)
-	} else {
-		ctl.Done(pacing.Late, 0)
+		return pacing.Ignored, true
 	}
-	return true
+	return pacing.Late, true
 }
 
 // deadlineSlack is how close to the caller's deadline a DeadlineExceeded

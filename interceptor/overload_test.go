@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -72,12 +73,12 @@ func TestOverloadControlDefault(t *testing.T) {
 
 // overloaded makes a client whose server answers one attempt, refuses the
 // next n+1 (Unavailable) and then answers, with a controller that starts
-// pacing after 3 refusals; it sends those n+2 calls, one attempt each: the
-// last is the probe the controller sends at once when it begins, which the
-// server refuses. (A server that has answered nothing is down, not
-// overloaded: its attempts are not held but refused at once, but for a
-// probe per interval.)
-func overloaded(t *testing.T, n int, opts ...Option) (*fakeClock, grpc_testing.TestServiceClient, *Interceptor) {
+// pacing after 3 refusals; it sends those n+2 calls, one attempt each. The
+// server collapsed (it answered none of the last n), so the controller
+// probes only; the last call is held for the first probe, which the
+// server refuses. It returns the gap to the next probe: with the fixed
+// random number 0.5, the mean gap.
+func overloaded(t *testing.T, n int, opts ...Option) (*fakeClock, grpc_testing.TestServiceClient, *Interceptor, time.Duration) {
 	t.Helper()
 	codesList := make([]codes.Code, n+3)
 	for i := range n + 1 {
@@ -104,35 +105,15 @@ func overloaded(t *testing.T, n int, opts ...Option) (*fakeClock, grpc_testing.T
 			t.Fatalf("scripted failure: %v", err)
 		}
 	}
-	if !ic.controllerFor(testserver.Target).Pacing() {
-		t.Fatal("not pacing after the refusals")
+	ctl := ic.controllerFor(testserver.Target)
+	st := ctl.State()
+	if !st.Pacing || st.Rate <= 0 {
+		t.Fatalf("not probing after the refusals: %+v", st)
 	}
-	if err := call(t, c); status.Code(err) != codes.Unavailable { // the first probe, at once
+	if err := call(t, c); status.Code(err) != codes.Unavailable { // held for the first probe
 		t.Fatalf("scripted failure of the first probe: %v", err)
 	}
-	return clk, c, ic
-}
-
-// nextProbe is how long after the episode began, on the fake clock, the
-// controller sends its next probe: it probes four times in the interval in
-// which the episode began.
-const nextProbe = overload.DefaultInterval / 4
-
-// confirmBatch is the confirmation batch that an answered probe begins
-// when the interval that began the episode had fewer answers than that
-// (overload's confirmMin): the calls that make it.
-const confirmBatch = 4
-
-// confirmLoad makes the calls of the confirmation an answered probe
-// begins: the server answers them, so its refusals were load and the rate
-// restarts.
-func confirmLoad(t *testing.T, c grpc_testing.TestServiceClient) {
-	t.Helper()
-	for i := range confirmBatch {
-		if err := call(t, c); err != nil {
-			t.Fatalf("confirmation call %d: %v", i+1, err)
-		}
-	}
+	return clk, c, ic, time.Duration(float64(time.Second) / ctl.State().Rate)
 }
 
 // An attempt held back waits for the controller's next token (a probe,
@@ -141,7 +122,8 @@ func confirmLoad(t *testing.T, c grpc_testing.TestServiceClient) {
 func TestOverloadHoldsAnAttempt(t *testing.T) {
 	rec, tp := newRecorder()
 	mrec, mp := newMetrics()
-	_, c, _ := overloaded(t, 3, WithTracerProvider(tp), WithMeterProvider(mp))
+	_, c, _, nextProbe := overloaded(t, 3, WithTracerProvider(tp), WithMeterProvider(mp))
+	rec.Reset()
 	if err := call(t, c); err != nil {
 		t.Fatalf("held call: %v", err)
 	}
@@ -155,7 +137,7 @@ func TestOverloadHoldsAnAttempt(t *testing.T) {
 		for _, kv := range s.Attributes() {
 			attrs[kv.Key] = kv.Value
 		}
-		if attrs[names.AttrHeldMS].AsFloat64() != float64(nextProbe/time.Millisecond) || attrs[telemetry.AttrAttempt].AsInt64() != 1 || attrs[telemetry.AttrShed].AsBool() {
+		if attrs[names.AttrHeldMS].AsFloat64() != float64(nextProbe)/float64(time.Millisecond) || attrs[telemetry.AttrAttempt].AsInt64() != 1 || attrs[telemetry.AttrShed].AsBool() {
 			t.Errorf("held span attributes %v, want %v before attempt 1, not shed", attrs, nextProbe)
 		}
 		if !s.Parent().IsValid() {
@@ -165,8 +147,8 @@ func TestOverloadHoldsAnAttempt(t *testing.T) {
 	if held != 1 {
 		t.Errorf("%d held spans, want 1", held)
 	}
-	if h, ok := collect(t, mrec, telemetry.MetricOverloadHeld).(metricdata.Histogram[float64]); !ok || len(h.DataPoints) != 1 || h.DataPoints[0].Count != 1 {
-		t.Errorf("%s = %+v, want one wait", telemetry.MetricOverloadHeld, h)
+	if h, ok := collect(t, mrec, telemetry.MetricOverloadHeld).(metricdata.Histogram[float64]); !ok || len(h.DataPoints) != 1 || h.DataPoints[0].Count != 2 {
+		t.Errorf("%s = %+v, want two waits (the first probe's and this call's)", telemetry.MetricOverloadHeld, h)
 	}
 }
 
@@ -207,10 +189,9 @@ func TestOverloadShedsAttempt(t *testing.T) {
 			t.Fatalf("scripted refusal %d: %v, want Unavailable", i+1, err)
 		}
 	}
-	if err := call(t, c); err != nil { // held for the probe; its answer ends the collapse
+	if err := call(t, c); err != nil { // held for the probe; its answer restarts the rate at 3
 		t.Fatalf("probe call: %v", err)
 	}
-	confirmLoad(t, c) // and the batch answered restarts the rate at 3
 	ctl := ic.controllerFor(testserver.Target)
 	sent := len(srv.Attempts())
 
@@ -267,7 +248,8 @@ func TestOverloadShedsAttempt(t *testing.T) {
 // no clock.
 func TestOverloadHoldsAStream(t *testing.T) {
 	rec, tp := newRecorder()
-	clk, c, ic := overloaded(t, 3, WithTracerProvider(tp))
+	clk, c, ic, nextProbe := overloaded(t, 3, WithTracerProvider(tp))
+	rec.Reset()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	s, err := c.StreamingOutputCall(ctx, &grpc_testing.StreamingOutputCallRequest{})
@@ -327,7 +309,9 @@ func TestOverloadStopsHedges(t *testing.T) {
 	if got := r.refusal(); got != "" {
 		t.Fatalf("calm: refusal %q", got)
 	}
-	ctl.Done(pacing.Overloaded, 0)
+	for range 4 { // at MinFailures 1, four attempts are enough evidence for a fresh client
+		ctl.Done(pacing.Overloaded, 0)
+	}
 	if got := r.refusal(); got != "overload" {
 		t.Errorf("pacing: refusal %q, want overload", got)
 	}
@@ -377,9 +361,9 @@ func TestOverloadRetryWaitsInLine(t *testing.T) {
 // line, and the attempts it delayed.
 func TestOverloadMetrics(t *testing.T) {
 	mrec, mp := newMetrics()
-	_, c, _ := overloaded(t, 3, WithMeterProvider(mp))
+	_, c, _, nextProbe := overloaded(t, 3, WithMeterProvider(mp))
 	rate, ok := collect(t, mrec, telemetry.MetricOverloadRate).(metricdata.Gauge[float64])
-	if want := float64(time.Second / nextProbe); !ok || len(rate.DataPoints) != 1 || rate.DataPoints[0].Value != want {
+	if want := float64(time.Second) / float64(nextProbe); !ok || len(rate.DataPoints) != 1 || math.Abs(rate.DataPoints[0].Value-want) > 1e-6*want {
 		t.Fatalf("%s = %+v, want one target at a probe per %v (%v/s)", telemetry.MetricOverloadRate, rate, nextProbe, want)
 	}
 	if v, _ := rate.DataPoints[0].Attributes.Value(telemetry.AttrTarget); v.AsString() != testserver.Target {
@@ -389,8 +373,8 @@ func TestOverloadMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	delayed, ok := collect(t, mrec, telemetry.MetricOverloadDelayed).(metricdata.Sum[int64])
-	if !ok || len(delayed.DataPoints) != 1 || delayed.DataPoints[0].Value != 1 {
-		t.Errorf("%s = %+v, want 1", telemetry.MetricOverloadDelayed, delayed)
+	if !ok || len(delayed.DataPoints) != 1 || delayed.DataPoints[0].Value != 2 {
+		t.Errorf("%s = %+v, want 2 (two probes)", telemetry.MetricOverloadDelayed, delayed)
 	}
 	waiting, ok := collect(t, mrec, telemetry.MetricOverloadWaiting).(metricdata.Gauge[int64])
 	if !ok || len(waiting.DataPoints) != 1 || waiting.DataPoints[0].Value != 0 {
@@ -463,10 +447,9 @@ func TestOverloadLearnsAnswerTimes(t *testing.T) {
 				}
 			}
 			slow.Store(true)
-			// The probe, the confirmation's batch, then one more: two
-			// intervals with answers. No hedge goes while the
-			// controller paces.
-			for i := range 2 + confirmBatch {
+			// The probe and two more: intervals with answers. No hedge
+			// goes while the controller paces.
+			for i := range 3 {
 				if err := call(t, c); err != nil {
 					t.Fatalf("answer %d: %v", i, err)
 				}
@@ -474,63 +457,6 @@ func TestOverloadLearnsAnswerTimes(t *testing.T) {
 			wantShedThenSent(t, srv, c, clk)
 		})
 	}
-}
-
-// A call sent while the controller was calm and answered after pacing
-// began took at least as long as the pacing has lasted, and the
-// interceptor says so: answered 400ms into the episode, it makes a call
-// with 200ms left shed without being sent, a server's queue seen before
-// any paced attempt is answered. A call with 2s left goes.
-func TestOverloadAnswerSentWhileCalm(t *testing.T) {
-	clk := newFakeClock()
-	arrived, release := make(chan struct{}), make(chan struct{})
-	// 7 refusals of the 8 attempts sent (the slow one in flight) are
-	// more than half by two standard deviations.
-	const refusals = 7
-	script := make([]codes.Code, refusals+1)
-	for i := range refusals {
-		script[i] = codes.Unavailable
-	}
-	sc := fail(script...)
-	srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, req *grpc_testing.SimpleRequest) (*grpc_testing.SimpleResponse, error) {
-		if req.GetResponseSize() == 1 { // the slow call, sent while calm
-			close(arrived)
-			<-release
-			return &grpc_testing.SimpleResponse{}, nil
-		}
-		return sc.unary(ctx, req)
-	}})
-	ic, err := New(withClock(clk), withRand(fixedRand(0.5)), WithoutBreaker(),
-		WithPolicy(policy.Policy{MaxAttempts: 1}), WithOverloadControl(overload.Settings{MinFailures: 3}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := srv.Client(t, ic.DialOptions()...)
-	slow := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-		defer cancel()
-		_, err := c.UnaryCall(ctx, &grpc_testing.SimpleRequest{ResponseSize: 1})
-		slow <- err
-	}()
-	<-arrived
-	for range refusals {
-		if err := call(t, c); status.Code(err) != codes.Unavailable {
-			t.Fatalf("scripted failure: %v", err)
-		}
-	}
-	ctl := ic.controllerFor(testserver.Target)
-	if !ctl.Pacing() {
-		t.Fatal("not pacing after the refusals")
-	}
-	clk.Advance(400 * time.Millisecond)
-	close(release)
-	if err := <-slow; err != nil {
-		t.Fatalf("slow call: %v", err)
-	}
-	clk.Advance(100 * time.Millisecond) // its interval ends
-
-	wantShedThenSent(t, srv, c, clk)
 }
 
 // wantShedThenSent checks, after answers that took 400ms, that a call with
@@ -653,15 +579,15 @@ func TestOverloadNeverSentSaysNothing(t *testing.T) {
 // An attempt that the controller's line held until its caller had less
 // time left than it had waited, and whose call's deadline then passed in
 // flight, is no overload signal: the line spent the call's time, not the
-// server (served oldest first, it sends callers at the edge of their
-// deadlines). One that timed out with its time ahead of it is, and so is
-// one that ran out of its own PerAttemptTimeout: the restarted rate
-// collapses to a probe.
+// server (served by deadline, it sends callers at the edge of their
+// deadlines). One that timed out with its time ahead of it is Late, and
+// one that ran out of its own PerAttemptTimeout is no time-out at the
+// call's deadline at all (the usual outcome, a refusal, applies).
 //
 // The server's DeadlineExceeded may come before the context's own timer
 // has run (live): within a millisecond of the deadline it is the caller's
 // deadline all the same; with more time left it is the server's own
-// time-out.
+// time-out, told as any refusal.
 func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
 	defer cancel()
@@ -674,76 +600,32 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 		// comes after the attempt (sent with left) was out for inFlight.
 		live     bool
 		inFlight time.Duration
-		collapse bool
+		// want is the outcome told the controller for a time-out at the
+		// call's deadline; atDeadline false: it is none.
+		want       pacing.Outcome
+		atDeadline bool
 	}{
-		{"with its time ahead", 10 * time.Millisecond, time.Second, false, false, 0, true},
-		{"held as long as it had left", 300 * time.Millisecond, 300 * time.Millisecond, false, false, 0, true},
-		{"held past its time", 1900 * time.Millisecond, 100 * time.Millisecond, false, false, 0, false},
-		{"its own per-attempt timeout", 1900 * time.Millisecond, 100 * time.Millisecond, true, false, 0, true},
-		{"held past its time, the server's timer first", 1900 * time.Millisecond, 3 * time.Millisecond, false, true, 2500 * time.Microsecond, false},
-		{"held past its time, the server's own time-out", 1900 * time.Millisecond, 3 * time.Millisecond, false, true, 1500 * time.Microsecond, true},
+		{"with its time ahead", 10 * time.Millisecond, time.Second, false, false, 0, pacing.Late, true},
+		{"held as long as it had left", 300 * time.Millisecond, 300 * time.Millisecond, false, false, 0, pacing.Late, true},
+		{"held past its time", 1900 * time.Millisecond, 100 * time.Millisecond, false, false, 0, pacing.Ignored, true},
+		{"its own per-attempt timeout", 1900 * time.Millisecond, 100 * time.Millisecond, true, false, 0, pacing.Ignored, false},
+		{"held past its time, the server's timer first", 1900 * time.Millisecond, 3 * time.Millisecond, false, true, 2500 * time.Microsecond, pacing.Ignored, true},
+		{"held past its time, the server's own time-out", 1900 * time.Millisecond, 3 * time.Millisecond, false, true, 1500 * time.Microsecond, pacing.Ignored, false},
 	} {
-		for _, kind := range []string{"unary", "stream"} {
-			t.Run(kind+"/"+tc.name, func(t *testing.T) {
-				clk := newFakeClock()
-				ctl, err := pacing.New(overload.Settings{}, pacing.Env{Now: clk.Now, AfterFunc: func(d time.Duration, f func()) func() bool {
-					return clk.AfterFunc(d, f).Stop
-				}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctl.Done(pacing.Answered, 0) // a server that answered: overloaded, not down
-				clk.Advance(overload.DefaultInterval)
-				for range overload.DefaultMinFailures {
-					ctl.Done(pacing.Overloaded, 0)
-				}
-				clk.Advance(overload.DefaultInterval) // collapsed
-				if _, err := ctl.Acquire(context.Background(), false); err != nil {
-					t.Fatal(err)
-				}
-				ctl.Done(pacing.Answered, 0) // the probe's answer,
-				for range confirmBatch {  // and the batch's: a slow start
-					ctl.Done(pacing.Answered, 0)
-				}
-				before := ctl.State()
-				// The call's deadline passed: sent left before it, after
-				// waiting held in the line.
-				sent := clk.Now()
-				ended := context.Context(expired)
-				if tc.live {
-					ended = context.Background()
-				}
-				ctx, asked := fakeDeadline{ended, sent.Add(tc.left)}, sent.Add(-tc.held)
-				clk.Advance(tc.inFlight)
-				switch kind {
-				case "unary":
-					attemptDoneIn(ctx, ctl, &attemptEnd{err: timedOut, timedOut: tc.perAttempt}, clk, asked, sent)
-				case "stream":
-					// A server stream whose request went, and no answer
-					// had come for when its deadline passed.
-					ic, err := New(withClock(clk))
-					if err != nil {
-						t.Fatal(err)
-					}
-					s := &retryStream{ic: ic, ctx: ctx, ctl: ctl, method: testserver.MethodUnary,
-						desc: &grpc.StreamDesc{ServerStreams: true}, closeSent: true}
-					a := &streamAttempt{n: 1, live: true, asked: asked, sent: sent}
-					if tc.perAttempt {
-						a.fate.Store(attemptExpired)
-					}
-					s.a = a
-					s.mu.Lock()
-					s.endAttemptLocked(a, timedOut)
-					s.mu.Unlock()
-				}
-				clk.Advance(overload.DefaultInterval)
-				st := ctl.State()
-				probe := float64(time.Second / overload.DefaultInterval) // one attempt per interval
-				if !st.Pacing || (st.Rate == probe) != tc.collapse {
-					t.Errorf("after the time-out: %+v (before %+v); want a collapse to %v a second: %v", st, before, probe, tc.collapse)
-				}
-			})
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newFakeClock()
+			sent := clk.Now()
+			ended := context.Context(expired)
+			if tc.live {
+				ended = context.Background()
+			}
+			ctx, asked := fakeDeadline{ended, sent.Add(tc.left)}, sent.Add(-tc.held)
+			clk.Advance(tc.inFlight)
+			o, ok := timeoutOutcome(ctx, timedOut, tc.perAttempt, asked, sent, clk)
+			if ok != tc.atDeadline || ok && o != tc.want {
+				t.Errorf("timeoutOutcome = %v, %v; want %v, %v", o, ok, tc.want, tc.atDeadline)
+			}
+		})
 	}
 }
 

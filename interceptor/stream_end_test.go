@@ -328,7 +328,7 @@ func TestCommitOnResponseHeaders(t *testing.T) {
 			return fail(ss.Context(), ss.SendHeader)
 		},
 	})
-	c, _ := streamClient(t, srv, WithoutBreaker(),
+	c, _ := streamClient(t, srv, WithoutBreaker(), WithoutOverloadControl(), // every attempt is refused: a collapse to the controller
 		WithPolicy(policy.Policy{MaxAttempts: maxAttempts, RetryableCodes: []codes.Code{codes.Unavailable}}))
 	kinds := []struct {
 		name string

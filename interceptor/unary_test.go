@@ -68,7 +68,7 @@ func TestBackoffTablesPerJitter(t *testing.T) {
 		t.Run(tt.j.String(), func(t *testing.T) {
 			p := tablePolicy
 			p.Jitter = tt.j
-			srv, c, clk, _ := setup(t, fail(codes.Unavailable), WithPolicy(p), withRand(fixedRand(rs...)), WithoutBreaker())
+			srv, c, clk, _ := setup(t, fail(codes.Unavailable), WithPolicy(p), withRand(fixedRand(rs...)), WithoutBreaker(), WithoutOverloadControl())
 			err := call(t, c)
 			if status.Code(err) != codes.Unavailable {
 				t.Fatalf("call: %v, want Unavailable", err)

@@ -95,8 +95,10 @@ func TestUpperOverloadIgnoresGiveUpsBelow(t *testing.T) {
 			dopts, sopts = mesh.DialOptions(below), mesh.ServerOptions()
 		}
 		mid := serve(t, &tier{next: dial(t, serve(t, l), dopts...)}, sopts...)
+		// A serial caller probes at the controller's floor: a short
+		// DownAfter lets it judge the tier down within the test.
 		above := herdguard(t, interceptor.WithPolicy(p), interceptor.WithoutBreaker(),
-			interceptor.WithOverloadControl(overload.Settings{Interval: 10 * time.Millisecond, MinFailures: 2}))
+			interceptor.WithOverloadControl(overload.Settings{Interval: 10 * time.Millisecond, MinFailures: 2, DownAfter: 100 * time.Millisecond}))
 		user := dial(t, mid, above.DialOptions()...)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()

@@ -188,13 +188,14 @@ func checkTrailer(t *testing.T, trailer metadata.MD, gaveUp string) {
 }
 
 // TestTrailerOnShed: a call the overload controller sheds gives up. The
-// leaf refuses everything and has never answered, so the controller soon
-// holds it down and sheds every call but one probe an interval (a trigger
-// needs only 2 refusals an interval here: the test sends about 10).
+// leaf refuses everything, so the controller soon judges it down and sheds
+// every call but a probe now and then (a trigger needs only 2 refusals
+// here, and a short DownAfter lets the serial caller judge it down within
+// the test).
 func TestTrailerOnShed(t *testing.T) {
 	l := &leaf{answer: unavailable}
 	ic := herdguard(t, interceptor.WithPolicy(fast(1)), interceptor.WithoutBreaker(),
-		interceptor.WithOverloadControl(overload.Settings{Interval: 10 * time.Millisecond, MinFailures: 2}))
+		interceptor.WithOverloadControl(overload.Settings{Interval: 10 * time.Millisecond, MinFailures: 2, DownAfter: 100 * time.Millisecond}))
 	mid := &tier{next: dial(t, serve(t, l), mesh.DialOptions(ic)...)}
 	user := plain(t, serve(t, mid, mesh.ServerOptions()...))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

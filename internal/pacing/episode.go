@@ -61,11 +61,14 @@ func (c *Controller) perInterval(n float64, d time.Duration) float64 {
 	return n / max(1, float64(d)/float64(c.s.Interval))
 }
 
-// beginLocked starts an episode on the evidence e (rule 2): the rate
-// becomes Headroom of what the server showed it takes, the most it
-// answered in one Interval of the Window, or, if it collapsed, probes only
-// (rule 5).
-func (c *Controller) beginLocked(now time.Time, e counts) {
+// beginLocked starts an episode on the evidence e, gathered over span
+// (rule 2): the rate becomes Headroom of the answers per Interval over
+// it, or, if the server collapsed, probes only (rule 5). A restart later
+// goes to what this client's traffic got before the episode or, for a
+// fresh client, to Headroom of the most the server answered in one
+// Interval of the Window: a herd's burst shows what the server takes per
+// Interval.
+func (c *Controller) beginLocked(now time.Time, e counts, span time.Duration) {
 	c.pacing.Store(true)
 	c.stats.episodes.Add(1)
 	var took float64
@@ -77,10 +80,11 @@ func (c *Controller) beginLocked(now time.Time, e counts) {
 	if c.known == 0 {
 		c.ep.target = c.s.Headroom * took // a fresh client knows only what it saw now
 	}
-	if c.collapsedRun() {
-		took = 0 // rule 5: the server collapsed
+	rate := 0.0 // rule 5: the server collapsed
+	if !c.collapsedRun() {
+		rate = c.s.Headroom * e.answered * float64(c.s.Interval) / float64(max(span, minWait))
 	}
-	c.setRateLocked(now, c.s.Headroom*took)
+	c.setRateLocked(now, rate)
 }
 
 // setRateLocked sets the rate; 0 means the server collapsed: probes only.
@@ -99,12 +103,13 @@ func (c *Controller) setRateLocked(now time.Time, rate float64) {
 // attempts per Interval (rule 5): a 1/probeShare share of what this
 // client's traffic got answered per Interval, so that a fleet's probes add
 // up to that share of what the server took whatever the fleet's size
-// (with nothing answered, 1/probeShare² of what it sends); at most one per
+// (with nothing answered, 1/probeShare² of what it asks to send, over a
+// whole Window, so that a herd's burst is not taken for a rate); at most one per
 // Interval, and at least one per probeFloor Intervals.
 func (c *Controller) probeRate() float64 {
 	took := max(c.known, c.ep.target)
 	if took == 0 { // nothing answered: a smaller share of what it sends
-		took = c.ev.total().sent / buckets / probeShare
+		took = c.ev.total().asked / buckets / probeShare
 	}
 	return min(1, max(1.0/probeFloor, took/probeShare))
 }
@@ -171,9 +176,9 @@ func (c *Controller) decideLocked(now time.Time) {
 	s, span := ep.sample, now.Sub(ep.sampleFrom)
 	switch {
 	case s.answered == 0: // a run: rule 5 judges it
-	case !s.above(c.base): // rule 4: the server's own share explains them
+	case !c.aboveOwn(s): // rule 4: the server's own share explains them
 		c.endLocked()
-	case ep.lowered && s.share() >= ep.trig.share()-sdSame*sd(ep.trig): // rule 4
+	case ep.lowered && same(s, ep.trig): // rule 4
 		c.independentLocked(s)
 	default: // rule 7
 		took := c.perInterval(s.answered, span)
@@ -186,14 +191,16 @@ func (c *Controller) decideLocked(now time.Time) {
 	}
 }
 
-// sd is the standard deviation of the refused share of c.
-func sd(c counts) float64 {
-	n := c.outcomes()
-	if n == 0 {
-		return 0
+// same reports whether a is refused no less than b, but for chance: its
+// share is at least b's less sdSame standard deviations of the
+// difference of two samples.
+func same(a, b counts) bool {
+	na, nb := a.outcomes(), b.outcomes()
+	if na == 0 || nb == 0 {
+		return false
 	}
-	p := c.share()
-	return math.Sqrt(p * (1 - p) / n)
+	p := (a.refused + b.refused) / (na + nb)
+	return a.share() >= b.share()-sdSame*math.Sqrt(p*(1-p)*(1/na+1/nb))
 }
 
 // setbackLocked lowers the restart target after the server refused too
@@ -223,7 +230,7 @@ func (c *Controller) intervalLocked(b counts, now time.Time) {
 		ep.lastTook = ep.took
 	}
 	ep.took = 0
-	ep.refusedLast, ep.refused = ep.refused || b.refused > 0 && b.above(c.base), false
+	ep.refusedLast, ep.refused = ep.refused || b.refused > 0 && c.aboveOwn(b), false
 	ep.arrivals += ep.arrived
 	ep.arrivalsN++
 	arrived := ep.arrived

@@ -1,16 +1,17 @@
 package pacing
 
 import (
-	"math"
 	"time"
 )
 
-// counts are outcomes: attempts sent, answered, and refused for load.
+// counts are outcomes: attempts asked for (while calm, every one is
+// sent), sent, answered, and refused for load.
 type counts struct {
-	sent, answered, refused float64
+	asked, sent, answered, refused float64
 }
 
 func (c *counts) add(o counts) {
+	c.asked += o.asked
 	c.sent += o.sent
 	c.answered += o.answered
 	c.refused += o.refused
@@ -27,14 +28,6 @@ func (c counts) share() float64 {
 		return c.refused / n
 	}
 	return 0
-}
-
-// above reports whether the refusals are more than a server that fails a
-// share base of its attempts on its own refuses by chance: more than
-// sdAbove standard deviations above the mean of base's binomial.
-func (c counts) above(base float64) bool {
-	n := c.outcomes()
-	return c.refused > n*base+sdAbove*math.Sqrt(n*base*(1-base))
 }
 
 // evidence is a target's outcomes of the last Window, in Intervals: a
@@ -110,6 +103,7 @@ func (e *evidence) spread(c counts, since, now time.Time, iv time.Duration) {
 		if over := to.UnixNano() - lo; over > 0 {
 			f := float64(over) / float64(span)
 			b := &e.b[(e.i-k+buckets)%buckets]
+			b.asked += c.asked * f
 			b.sent += c.sent * f
 			b.answered += c.answered * f
 			b.refused += c.refused * f

@@ -33,6 +33,7 @@ func (c *Controller) admit(deadline time.Time, retry bool, w *waiter) (err error
 	}
 	ep := &c.ep
 	ep.arrived++
+	c.ev.cur().asked++
 	switch {
 	case !deadline.IsZero() && !now.Before(deadline): // its context's timer has not run yet
 		return context.DeadlineExceeded, false
@@ -43,7 +44,7 @@ func (c *Controller) admit(deadline time.Time, retry bool, w *waiter) (err error
 		c.stats.shed.Add(1)
 		return ErrShed, false
 	case len(c.line) == 0 && c.takeLocked(now):
-		c.ev.cur().sent++
+		c.sentLocked()
 		return nil, false
 	}
 	ep.waited = true
@@ -81,6 +82,12 @@ func (c *Controller) leave(w *waiter) (told bool) {
 	}
 	w.done = true
 	return false
+}
+
+// sentLocked counts an attempt sent while pacing.
+func (c *Controller) sentLocked() {
+	c.ev.cur().sent++
+	c.runSent++
 }
 
 // grantLocked tells w err (nil: go) once.
@@ -204,7 +211,7 @@ func (c *Controller) serveLocked(now time.Time) {
 			break
 		}
 		c.line = slices.Delete(c.line, i, i+1)
-		c.ev.cur().sent++
+		c.sentLocked()
 		c.grantLocked(w, nil)
 	}
 	c.expireDueLocked(now)

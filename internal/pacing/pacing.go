@@ -134,6 +134,7 @@ type Controller struct {
 	baseN     float64   // the outcomes behind it (decaying)
 	known     float64   // answers per Interval this client's traffic got while calm
 	run       int       // refusals since the server's last answer
+	runSent   float64   // attempts sent since then (some before it, in flight)
 	ep        episode   // the current episode of pacing, or the last one
 	line      []*waiter // newest last; by deadline while edf
 	edf       bool      // the line is in deadline order
@@ -234,7 +235,7 @@ func (c *Controller) Done(o Outcome, took time.Duration) {
 		now := c.s.Now()
 		c.foldLocked(now)
 		c.ev.cur().answered++
-		c.run = 0
+		c.run, c.runSent = 0, 0
 		if c.pacing.Load() {
 			c.answeredLocked(now, took)
 		}
@@ -264,11 +265,12 @@ func (c *Controller) foldLocked(now time.Time) {
 	ended := c.ev.advance(now, iv)
 	sent, ok := c.calmSent.Swap(0), c.calmOK.Swap(0)
 	if sent > 0 || ok > 0 {
-		c.ev.spread(counts{sent: float64(sent), answered: float64(ok)}, c.folded, now, iv)
+		c.ev.spread(counts{asked: float64(sent), sent: float64(sent), answered: float64(ok)}, c.folded, now, iv)
 	}
 	if ok > 0 {
-		c.run = 0 // the server answered since the last refusal
+		c.run, c.runSent = 0, 0 // the server answered since the last refusal
 	}
+	c.runSent += float64(sent)
 	c.folded = now
 	c.foldAfter.Store(c.ev.start.Add(iv).UnixNano())
 	if ended == 0 {
@@ -283,7 +285,7 @@ func (c *Controller) foldLocked(now time.Time) {
 	}
 	c.learnLocked(min(ended, buckets))
 	if c.queuing() {
-		c.beginLocked(now, c.ev.total())
+		c.beginLocked(now, c.ev.total(), buckets*c.s.Interval)
 	}
 }
 
@@ -325,7 +327,20 @@ func (c *Controller) learnLocked(ended int) {
 // of the attempts refused, and more than the server's own share explains
 // (rule 2).
 func (c *Controller) overloaded(e counts) bool {
-	return e.share() > c.s.FailureRatio && e.above(c.base)
+	return e.share() > c.s.FailureRatio && c.aboveOwn(e)
+}
+
+// aboveOwn reports whether e's refusals are more than the share the server
+// fails on its own explains by chance: more than sdAbove standard
+// deviations above it, counting both e's chance and the uncertainty of the
+// share itself, learnt from baseN attempts.
+func (c *Controller) aboveOwn(e counts) bool {
+	n, p := e.outcomes(), c.base
+	v := n * p * (1 - p)
+	if c.baseN > 0 {
+		v += n * n * p * (1 - p) / c.baseN
+	}
+	return e.refused > n*p+sdAbove*math.Sqrt(v)
 }
 
 // collapsedRun reports whether the refusals since the server's last answer
@@ -345,29 +360,32 @@ func (c *Controller) collapsedRun() bool {
 	if own > 0 && own < 1 {
 		need = max(need, math.Log(chance)/math.Log(own))
 	}
-	return float64(c.run) >= need
+	// Refusals often come back ahead of the answers to attempts sent with
+	// them: the run is a collapse only once it is most of those sent.
+	return float64(c.run) >= need && float64(c.run) > c.s.FailureRatio*c.runSent
 }
 
 // judgeCalmLocked starts the pacing when the evidence, which must cover
-// at least a whole Interval or hold 4×MinFailures attempts, shows
-// overload (rule 2): a collapse (rule 5), or refusals above FailureRatio
-// and the server's own share.
+// at least a whole Interval or hold freshAttempts×MinFailures attempts,
+// shows overload (rule 2): a collapse (rule 5), or refusals above
+// FailureRatio of the attempts sent or ended and above the server's own
+// share.
 func (c *Controller) judgeCalmLocked(now time.Time) {
 	if c.intervals == 0 && c.ev.total().outcomes() < freshAttempts*float64(c.s.MinFailures) {
 		return // too little evidence yet: less than an Interval's, and few attempts
 	}
-	e, _, ok := c.ev.holding(float64(c.s.MinFailures))
+	e, k, ok := c.ev.holding(float64(c.s.MinFailures))
 	if !c.collapsedRun() && (!ok || !c.overloaded(e)) {
 		return
 	}
-	c.beginLocked(now, e)
+	c.beginLocked(now, e, time.Duration(k-1)*c.s.Interval+now.Sub(c.ev.start))
 }
 
 // State is a snapshot of a controller, for metrics.
 type State struct {
 	Pacing   bool
 	Down     bool    // the server refused every attempt for DownAfter while held back
-	Rate     float64 // attempts per second while pacing; 0 when calm
+	Rate     float64 // attempts per second while pacing (probes, while collapsed); 0 when calm
 	Waiting  int     // attempts in the line
 	Delayed  uint64  // attempts sent after waiting, since New
 	Shed     uint64  // attempts shed, since New
@@ -383,7 +401,11 @@ func (c *Controller) State() State {
 		Delayed: c.stats.delayed.Load(), Shed: c.stats.shed.Load(), Episodes: c.stats.episodes.Load()}
 	if st.Pacing {
 		st.Down = c.ep.down
-		st.Rate = c.ep.rate * float64(time.Second) / float64(c.s.Interval)
+		rate := c.ep.rate
+		if c.ep.collapsed {
+			rate = c.probeRate()
+		}
+		st.Rate = rate * float64(time.Second) / float64(c.s.Interval)
 	}
 	return st
 }

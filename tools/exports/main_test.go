@@ -9,7 +9,7 @@ import (
 
 // The README's packages section promises a surface: interceptor at most
 // 45 exported names (half of its 91 before issue 34), and the packages it
-// lists at most 215 in all. A name added past either fails here, to be
+// lists at most 217 in all. A name added past either fails here, to be
 // weighed, and the README's count updated.
 func TestSurfaceKeepsTheREADMEsCount(t *testing.T) {
 	root := filepath.Join("..", "..")
@@ -25,8 +25,8 @@ func TestSurfaceKeepsTheREADMEsCount(t *testing.T) {
 		}
 		total += len(names)
 	}
-	if total > 215 {
-		t.Errorf("the packages export %d names in all, the README promises at most 215", total)
+	if total > 217 {
+		t.Errorf("the packages export %d names in all, the README promises at most 217", total)
 	}
 }
 
