@@ -199,7 +199,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	if s.breakerDone != nil {
 		v := herdguard.Ignored
 		if !a.clientErr && s.outcome != OutcomeShed && !s.gaveUpBelow && !s.idleAtDeadlineLocked(err) {
-			v = s.ic.verdict(s.ctx, err, s.idleDeadline || !a.live)
+			v = s.ic.verdict(s.ctx, s.ctl, err, s.idleDeadline || !a.live)
 		}
 		s.breakerDone(v)
 		s.breakerDone = nil

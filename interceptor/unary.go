@@ -237,7 +237,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 			if c.clientErr || c.outcome == OutcomeShed || c.gaveUpBelow {
 				return herdguard.Ignored // the client's own error, its shedding, or a layer below's give-up says nothing of the server
 			}
-			return ic.verdict(ctx, err, c.idle)
+			return ic.verdict(ctx, c.ctl, err, c.idle)
 		})
 		if berr != nil {
 			err, c.outcome = berr, refusalOutcome(berr)
@@ -292,10 +292,18 @@ func (c *unaryCall) call(ctx context.Context, maxAttempts int) error {
 // out while no attempt was in flight (idle); a deadline that ran out while
 // an attempt was in flight says the server did not answer in time, and the
 // breaker's Verdict (by default herdguard.BreakerVerdict's table) judges the
-// call's error as it judges any other.
-func (ic *Interceptor) verdict(ctx context.Context, err error, idle bool) herdguard.Verdict {
+// call's error as it judges any other. A call that failed while the
+// target's overload controller (ctl, nil: none) paces says nothing either:
+// overload, and a server that refuses everything, are the controller's to
+// judge (it holds attempts back, probes, and fails them at once once the
+// server is down); a breaker that opened on the same refusals would hold
+// the callers off through the recovery the controller's probes find.
+func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, err error, idle bool) herdguard.Verdict {
 	if err == nil {
 		return herdguard.Success
+	}
+	if ctl != nil && ctl.Pacing() {
+		return herdguard.Ignored
 	}
 	switch ctx.Err() {
 	case nil:

@@ -57,7 +57,7 @@ import (
 type options struct {
 	addr, strategy, scenario, svg, otlp string
 	traceSVG, jaeger, goodputSVG        string
-	partialSVG                          string
+	partialSVG, fleetSVG, clients       string
 	mesh                                bool
 	serverBin, ggmTierBin, meshSVG      string
 	meshStrategies                      string
@@ -82,6 +82,8 @@ func main() {
 	flag.IntVar(&o.runs, "runs", 1, "run each strategy of the herd-*, steady-* and partial-* scenarios this many times and print the medians")
 	flag.StringVar(&o.goodputSVG, "goodput-svg", "", "write the steady loads' goodput over time to this SVG file")
 	flag.StringVar(&o.partialSVG, "partial-svg", "", "write the partial failures' calls ok against p to this SVG file")
+	flag.StringVar(&o.clients, "clients", "1", "run each herd and brownout offered by each of these numbers of clients (separated by commas), each with a connection and an interceptor of its own, the calls dealt out in turn")
+	flag.StringVar(&o.fleetSVG, "fleet-svg", "", "write the herds' and brownouts' calls ok against the number of clients to this SVG file")
 	flag.Float64Var(&o.scale, "scale", 1, "divide every duration by this (1 reproduces the published times)")
 	flag.StringVar(&o.svg, "svg", "", "also write the histograms to this SVG file")
 	flag.BoolVar(&o.trace, "trace", false, "print the span tree of a sample of retried calls")
@@ -133,6 +135,10 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 	if err != nil {
 		return err
 	}
+	fleets, err := parseClients(o.clients)
+	if err != nil {
+		return err
+	}
 
 	runner := &stormlab.Runner{Addr: o.addr}
 	tr, err := newTracing(ctx, o)
@@ -147,7 +153,11 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 
 	total, n := 0, 0
 	for _, sc := range scenarios {
-		total += len(sc.strategies) * runsOf(sc.scenario, o)
+		k := len(sc.strategies) * runsOf(sc.scenario, o)
+		if sc.scenario.IsHerd() || sc.scenario.IsSteady() {
+			k *= len(fleets)
+		}
+		total += k
 	}
 	began := time.Now()
 	tty := isTerminal(progress)
@@ -170,6 +180,7 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 
 	var svgSections, goodputSections []stormlab.SVGSection
 	var partial partialRows
+	var fleetPanels []stormlab.FleetPanel
 	for _, sc := range scenarios {
 		scaled := sc.scenario.Scale(o.scale)
 		if scaled.IsPartial() {
@@ -178,16 +189,33 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 			}
 			continue
 		}
-		if scaled.IsHerd() || scaled.IsSteady() {
-			section, err := runCompared(ctx, runner, sc, o, out)
-			if err != nil {
+		if scaled.IsDead() {
+			if err := runDead(ctx, runner, sc, o, out); err != nil {
 				return err
 			}
-			if scaled.IsSteady() {
-				goodputSections = append(goodputSections, section)
-			} else {
-				svgSections = append(svgSections, section)
+			continue
+		}
+		if scaled.IsHerd() || scaled.IsSteady() {
+			panel := stormlab.FleetPanel{Title: sc.scenario.Name}
+			for _, n := range fleets {
+				runner.Clients = n
+				section, rows, err := runCompared(ctx, runner, sc, n, o, out)
+				if err != nil {
+					return err
+				}
+				if n == fleets[0] {
+					if scaled.IsSteady() {
+						goodputSections = append(goodputSections, section)
+					} else {
+						svgSections = append(svgSections, section)
+					}
+				}
+				for i, r := range rows {
+					panel.Add(sc.strategies[i].Name, n, r.OKShare())
+				}
 			}
+			runner.Clients = 1
+			fleetPanels = append(fleetPanels, panel)
 			continue
 		}
 		if scaled.Interval > 0 {
@@ -248,6 +276,12 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 			return err
 		}
 		fmt.Fprintf(out, "wrote %s\n", o.goodputSVG)
+	}
+	if o.fleetSVG != "" && len(fleetPanels) > 0 {
+		if err := writeFile(o.fleetSVG, func(w io.Writer) error { return stormlab.WriteFleetSVG(w, fleetPanels) }); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "wrote %s\n", o.fleetSVG)
 	}
 	if o.partialSVG != "" && (len(partial.open) > 0 || len(partial.closed) > 0) {
 		if err := writeFile(o.partialSVG, func(w io.Writer) error { return stormlab.WritePartialSVG(w, partial.open, partial.closed) }); err != nil {
@@ -327,31 +361,92 @@ func medians(runs int) string {
 	return fmt.Sprintf("; medians of %d runs", runs)
 }
 
-// runsOf is how many times each strategy of sc runs: -runs for the herds
-// and steady loads, once for the others.
+// parseClients parses -clients: numbers of clients, at least 1 each.
+func parseClients(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		var n int
+		if _, err := fmt.Sscan(strings.TrimSpace(f), &n); err != nil || n < 1 {
+			return nil, fmt.Errorf("-clients %q: want numbers of at least 1, separated by commas", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// runDead runs every strategy of a dead server o.runs times, in turn, and
+// prints the table of medians and the outcomes of each strategy's median
+// run.
+func runDead(ctx context.Context, runner *stormlab.Runner, sc plannedScenario, o options, out io.Writer) error {
+	scaled := sc.scenario.Scale(o.scale)
+	deadline := fmt.Sprintf("deadline %v", scaled.Deadline)
+	if scaled.Deadline <= 0 {
+		deadline = "no deadline"
+	}
+	how := "refuses every attempt"
+	if scaled.Faults.TriggerKill {
+		how = "is killed (nothing listens on its address)"
+	}
+	fmt.Fprintf(out, "\n== %s: %.0f calls/s for %v, %s; the server answers, then from %v %s for %v, then answers again (scale 1/%g) ==\n\n",
+		sc.scenario.Name, scaled.Rate, scaled.Duration, deadline, scaled.Faults.TriggerAt, how, scaled.Faults.TriggerFor, o.scale)
+	results := make([][]stormlab.Result, len(sc.strategies))
+	for range o.runs {
+		for i, st := range sc.strategies {
+			r, err := runner.Run(ctx, sc.scenario, st, o.scale)
+			if err != nil {
+				return err
+			}
+			results[i] = append(results[i], r)
+		}
+	}
+	var rows []stormlab.DeadSummary
+	var typical []stormlab.Result
+	for i := range sc.strategies {
+		rows = append(rows, stormlab.SummarizeDead(sc.scenario, o.scale, results[i]...))
+		typical = append(typical, stormlab.MedianRun(results[i]))
+	}
+	if err := stormlab.WriteDeadTable(out, rows); err != nil {
+		return err
+	}
+	fmt.Fprintln(out)
+	if err := stormlab.WriteOutcomes(out, typical); err != nil {
+		return err
+	}
+	fmt.Fprintln(out)
+	return stormlab.WriteGoodput(out, typical, o.width)
+}
+
+// runsOf is how many times each strategy of sc runs: -runs for the herds,
+// steady loads, partial failures and dead servers, once for the others.
 func runsOf(sc stormlab.Scenario, o options) int {
-	if sc.IsHerd() || sc.IsSteady() || sc.IsPartial() {
+	if sc.IsHerd() || sc.IsSteady() || sc.IsPartial() || sc.IsDead() {
 		return o.runs
 	}
 	return 1
 }
 
-// runCompared runs every strategy of a herd or a steady load o.runs times
-// and prints the table of medians, each strategy's outcomes and a chart of
-// its median run. It returns the chart's SVG section.
-func runCompared(ctx context.Context, runner *stormlab.Runner, sc plannedScenario, o options, out io.Writer) (stormlab.SVGSection, error) {
+// runCompared runs every strategy of a herd or a steady load o.runs times,
+// offered by the runner's clients (n of them), and prints the table of
+// medians, each strategy's outcomes and a chart of its median run. It
+// returns the chart's SVG section and the table's rows, in the strategies'
+// order.
+func runCompared(ctx context.Context, runner *stormlab.Runner, sc plannedScenario, n int, o options, out io.Writer) (stormlab.SVGSection, []stormlab.Summary, error) {
 	scaled := sc.scenario.Scale(o.scale)
 	f := scaled.Faults
+	offered := ""
+	if n > 1 {
+		offered = fmt.Sprintf(", offered by %d clients", n)
+	}
 	if scaled.IsSteady() {
 		trigger := fmt.Sprintf("capacity %d per window", f.TriggerCapacity)
 		if f.TriggerOutage {
 			trigger = "a full outage"
 		}
-		fmt.Fprintf(out, "\n== %s: %.0f calls/s for %v, deadline %v; %s server, %d attempts per %v window; from %v, %s for %v (scale 1/%g) ==\n\n",
-			sc.scenario.Name, scaled.Rate, scaled.Duration, scaled.Deadline, f.Model, f.Capacity, f.CapacityWindow, f.TriggerAt, trigger, f.TriggerFor, o.scale)
+		fmt.Fprintf(out, "\n== %s: %.0f calls/s for %v%s, deadline %v; %s server, %d attempts per %v window; from %v, %s for %v (scale 1/%g) ==\n\n",
+			sc.scenario.Name, scaled.Rate, scaled.Duration, offered, scaled.Deadline, f.Model, f.Capacity, f.CapacityWindow, f.TriggerAt, trigger, f.TriggerFor, o.scale)
 	} else {
-		fmt.Fprintf(out, "\n== %s: %d calls at once, at most %d attempts, first wait %v; sticky server, %d attempts per %v window, %v of calm to recover (scale 1/%g) ==\n\n",
-			sc.scenario.Name, scaled.Calls, scaled.Attempts, scaled.Base, f.Capacity, f.CapacityWindow, f.RecoverAfter, o.scale)
+		fmt.Fprintf(out, "\n== %s: %d calls at once%s, at most %d attempts, first wait %v; sticky server, %d attempts per %v window, %v of calm to recover (scale 1/%g) ==\n\n",
+			sc.scenario.Name, scaled.Calls, offered, scaled.Attempts, scaled.Base, f.Capacity, f.CapacityWindow, f.RecoverAfter, o.scale)
 	}
 	var rows []stormlab.Summary
 	var typical []stormlab.Result
@@ -360,7 +455,7 @@ func runCompared(ctx context.Context, runner *stormlab.Runner, sc plannedScenari
 		for range o.runs {
 			r, err := runner.Run(ctx, sc.scenario, st, o.scale)
 			if err != nil {
-				return stormlab.SVGSection{}, err
+				return stormlab.SVGSection{}, nil, err
 			}
 			runs = append(runs, r)
 		}
@@ -375,7 +470,7 @@ func runCompared(ctx context.Context, runner *stormlab.Runner, sc plannedScenari
 		err = stormlab.WriteHerdTable(out, b, rows)
 	}
 	if err != nil {
-		return stormlab.SVGSection{}, err
+		return stormlab.SVGSection{}, nil, err
 	}
 	fmt.Fprintln(out)
 	label := "outcomes"
@@ -384,22 +479,24 @@ func runCompared(ctx context.Context, runner *stormlab.Runner, sc plannedScenari
 	}
 	fmt.Fprintf(out, "%s:\n", label)
 	if err := stormlab.WriteOutcomes(out, typical); err != nil {
-		return stormlab.SVGSection{}, err
+		return stormlab.SVGSection{}, nil, err
 	}
 	fmt.Fprintln(out)
 	if scaled.IsSteady() {
 		err = stormlab.WriteGoodput(out, typical, o.width)
-		return stormlab.SVGSection{Title: sc.scenario.Name + ": ok calls over time", Results: typical}, err
+		return stormlab.SVGSection{Title: sc.scenario.Name + offered + ": ok calls over time", Results: typical}, rows, err
 	}
 	err = stormlab.WriteHistograms(out, typical, o.width)
-	return stormlab.SVGSection{Title: sc.scenario.Name + ": retries per window at the server", Results: typical}, err
+	return stormlab.SVGSection{Title: sc.scenario.Name + offered + ": retries per window at the server", Results: typical}, rows, err
 }
 
 // legends returns the legends of the tables the scenarios print.
 func legends(scenarios []plannedScenario) []string {
-	var herd, steady, partial, other bool
+	var herd, steady, partial, dead, other bool
 	for _, sc := range scenarios {
 		switch {
+		case sc.scenario.IsDead():
+			dead = true
 		case sc.scenario.IsHerd():
 			herd = true
 		case sc.scenario.IsSteady():
@@ -422,6 +519,9 @@ func legends(scenarios []plannedScenario) []string {
 	}
 	if partial {
 		out = append(out, stormlab.PartialLegend)
+	}
+	if dead {
+		out = append(out, stormlab.DeadLegend)
 	}
 	return out
 }
@@ -462,14 +562,14 @@ func pickScenarios(o options) ([]plannedScenario, error) {
 	}
 	if o.runs > 1 {
 		for _, sc := range scs {
-			if !sc.IsHerd() && !sc.IsSteady() && !sc.IsPartial() {
-				return nil, fmt.Errorf("-runs %d with -scenario %q: medians are for the herd-*, steady-* and partial-* scenarios only", o.runs, which)
+			if !sc.IsHerd() && !sc.IsSteady() && !sc.IsPartial() && !sc.IsDead() {
+				return nil, fmt.Errorf("-runs %d with -scenario %q: medians are for the herd-*, steady-*, partial-* and dead-* scenarios only", o.runs, which)
 			}
 		}
 	}
 	var out []plannedScenario
 	for _, sc := range scs {
-		if !sc.IsSteady() && !sc.IsPartial() {
+		if !sc.IsSteady() && !sc.IsPartial() && !sc.IsDead() {
 			sc.Calls, sc.Attempts, sc.Base = o.calls, o.attempts, o.base
 		}
 		all := stormlab.StrategiesFor(sc)

@@ -136,8 +136,8 @@ func TestRunComparedSteady(t *testing.T) {
 	sc := stormlab.Scenario{Name: "small", Rate: 200, Duration: 300 * time.Millisecond, Deadline: time.Second, Bucket: 50 * time.Millisecond,
 		Faults: stormlab.Faults{Capacity: 100, TriggerAt: 100 * time.Millisecond, TriggerFor: 100 * time.Millisecond, TriggerOutage: true}}
 	var out bytes.Buffer
-	section, err := runCompared(context.Background(), &stormlab.Runner{Addr: addr}, plannedScenario{sc, []stormlab.Strategy{stormlab.NoRetriesStrategy()}},
-		options{runs: 2, scale: 1, width: 40}, &out)
+	section, rows, err := runCompared(context.Background(), &stormlab.Runner{Addr: addr}, plannedScenario{sc, []stormlab.Strategy{stormlab.NoRetriesStrategy()}},
+		1, options{runs: 2, scale: 1, width: 40}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,6 +145,9 @@ func TestRunComparedSteady(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
+	}
+	if len(rows) != 1 || rows[0].Strategy != stormlab.NoRetriesStrategy().Name || rows[0].Calls != 60 {
+		t.Errorf("the table's rows: %+v", rows)
 	}
 	if len(section.Results) != 1 || section.Results[0].Steady == nil || len(section.Results[0].Steady.Calls) != 60 {
 		t.Errorf("the chart's section: %+v", section)

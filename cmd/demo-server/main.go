@@ -30,7 +30,6 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -66,6 +65,7 @@ func main() {
 	flag.DurationVar(&f.TriggerFor, "trigger-for", 0, "the trigger's length (0: no trigger)")
 	flag.IntVar(&f.TriggerCapacity, "trigger-capacity", 0, "attempts accepted per capacity window during the trigger")
 	flag.BoolVar(&f.TriggerOutage, "trigger-outage", false, "fail every attempt during the trigger")
+	flag.BoolVar(&f.TriggerKill, "trigger-kill", false, "stop listening during the trigger, as a killed process, and listen again on the same address after it")
 	flag.Parse()
 
 	if tier.Tier {
@@ -104,28 +104,19 @@ func run(addr, addrFile, otlp string, f stormlab.Faults) (err error) {
 		}()
 		opts = append(opts, stormlab.ServerTracing(tp))
 	}
-	lis, err := net.Listen("tcp", addr)
+	h, err := srv.Serve(addr, opts...)
 	if err != nil {
 		return err
 	}
-	g := srv.Register(opts...)
-	fmt.Printf("demo-server listening on %s\n", lis.Addr())
+	fmt.Printf("demo-server listening on %s\n", h.Addr())
 	if addrFile != "" {
-		if err := os.WriteFile(addrFile, []byte(lis.Addr().String()), 0o600); err != nil {
+		if err := os.WriteFile(addrFile, []byte(h.Addr()), 0o600); err != nil {
 			return err
 		}
 	}
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-stop
-		done := make(chan struct{})
-		go func() { g.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(2 * time.Second):
-			g.Stop()
-		}
-	}()
-	return g.Serve(lis)
+	<-stop
+	h.GracefulStop(2 * time.Second)
+	return nil
 }

@@ -52,6 +52,7 @@ type Scenario struct {
 
 	herd    bool // one of the herds at a given capacity (see [Herd])
 	partial bool // one of the partial failures (see [Partial])
+	dead    bool // one of the dead servers (see [Dead])
 }
 
 // Published is the published experiment: 1000 calls, each attempt failing
@@ -169,6 +170,8 @@ func StrategiesFor(sc Scenario) []Strategy {
 		return HerdStrategies(sc)
 	case sc.IsPartial():
 		return PartialStrategies(sc)
+	case sc.IsDead():
+		return DeadStrategies()
 	}
 	switch sc.Name {
 	case Overload().Name:
@@ -331,7 +334,16 @@ type Runner struct {
 	DialOptions []grpc.DialOption
 	// OnProgress, if set, is called when a run starts and ends.
 	OnProgress func(scenario, strategy string, done bool)
+	// Clients is how many clients send the scenario's calls, as the
+	// replicas of a service do: each with a connection of its own and,
+	// for herdguard's strategies, an interceptor of its own; the calls
+	// are dealt out to them in turn (a closed loop's callers, too). 0 or
+	// 1 is one client.
+	Clients int
 }
+
+// clients is how many clients a run has.
+func (r *Runner) clients() int { return max(r.Clients, 1) }
 
 // Run resets the server to the scenario's faults, fires the scenario's
 // calls (at once, paced, or as steady load) through an interceptor
@@ -343,11 +355,15 @@ func (r *Runner) Run(ctx context.Context, sc Scenario, st Strategy, scale float6
 	if st.Peer != nil {
 		return r.RunClient(ctx, sc, st.Name, st.Peer(sc), nil)
 	}
-	ic, err := st.interceptor(r.TracerProvider)
-	if err != nil {
-		return Result{Scenario: sc.Name, Strategy: st.Name, Calls: sc.Calls}, err
-	}
-	return r.RunClient(ctx, sc, st.Name, ic.DialOptions(), ic.Breakers())
+	var groups []*breaker.Group
+	return r.RunFleet(ctx, sc, st.Name, func() ([]grpc.DialOption, error) {
+		ic, err := st.interceptor(r.TracerProvider)
+		if err != nil {
+			return nil, err
+		}
+		groups = append(groups, ic.Breakers())
+		return ic.DialOptions(), nil
+	}, func() []*breaker.Group { return groups })
 }
 
 // interceptor returns herdguard's interceptor configured as st (already
@@ -374,11 +390,24 @@ func (st Strategy) interceptor(tp trace.TracerProvider) (*interceptor.Intercepto
 }
 
 // RunClient is Run for any client: it fires the scenario (already scaled)
-// through a connection made with dial, for instance another retry library's
-// interceptor, and reports as Run does. breakers, if not nil, are the
-// client's herdguard breakers, waited for before the calls made after
-// recovery.
+// through connections made with dial, for instance another retry library's
+// interceptor (one per client, all with the same options), and reports as
+// Run does. breakers, if not nil, are the client's herdguard breakers,
+// waited for before the calls made after recovery.
 func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial []grpc.DialOption, breakers *breaker.Group) (Result, error) {
+	var groups []*breaker.Group
+	if breakers != nil {
+		groups = []*breaker.Group{breakers}
+	}
+	return r.RunFleet(ctx, sc, name, func() ([]grpc.DialOption, error) { return dial, nil },
+		func() []*breaker.Group { return groups })
+}
+
+// RunFleet is RunClient for r.Clients clients, each connected with the
+// options dial returns when called for it (herdguard's interceptor must be
+// one per client). breakers, if not nil, returns the clients' herdguard
+// breakers once they are made.
+func (r *Runner) RunFleet(ctx context.Context, sc Scenario, name string, dial func() ([]grpc.DialOption, error), breakers func() []*breaker.Group) (Result, error) {
 	res := Result{Scenario: sc.Name, Strategy: name, Calls: sc.Calls}
 	control, err := grpc.NewClient(cmp.Or(r.ControlAddr, r.Addr), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -387,14 +416,22 @@ func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial [
 	defer control.Close()
 	ctl := demov1.NewGatewayServiceClient(control)
 
-	dial = append(dial[:len(dial):len(dial)], r.DialOptions...)
-	cc, err := grpc.NewClient(r.Addr, append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
-		return res, err
+	var clients fleet
+	for range r.clients() {
+		opts, err := dial()
+		if err != nil {
+			return res, err
+		}
+		opts = append(append(opts[:len(opts):len(opts)], r.DialOptions...), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(r.Addr, opts...)
+		if err != nil {
+			return res, err
+		}
+		defer cc.Close()
+		waitReady(ctx, cc)
+		clients = append(clients, demov1.NewGatewayServiceClient(cc))
 	}
-	defer cc.Close()
-	client := demov1.NewGatewayServiceClient(cc)
-	waitReady(ctx, cc)
+	client := clients[0]
 
 	if r.OnProgress != nil {
 		r.OnProgress(sc.Name, name, false)
@@ -407,9 +444,9 @@ func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial [
 	// opens its first window and each wave of retries keeps that offset.
 	switch {
 	case sc.Rate > 0:
-		return r.runSteady(ctx, sc, res, client, ctl)
+		return r.runSteady(ctx, sc, res, clients, ctl)
 	case sc.Workers > 0:
-		return r.runClosed(ctx, sc, res, client, ctl)
+		return r.runClosed(ctx, sc, res, clients, ctl)
 	}
 
 	// A generous bound per call: no call of a scenario needs longer than all
@@ -421,11 +458,11 @@ func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial [
 	began := time.Now()
 	var h herd
 	if sc.Interval > 0 {
-		h = firePaced(ctx, client, sc.Calls, sc.Interval, callTimeout)
+		h = firePaced(ctx, clients, sc.Calls, sc.Interval, callTimeout)
 		res.Latencies = h.latencies
 		slices.Sort(res.Latencies)
 	} else {
-		h = fireHerd(ctx, client, sc.Calls, callTimeout)
+		h = fireHerd(ctx, clients, sc.Calls, callTimeout)
 	}
 	res.Elapsed = time.Since(began)
 	res.Succeeded, res.FastFails, res.Outcomes = h.ok, h.outcomes[string(interceptor.OutcomeBreakerOpen)], h.outcomes
@@ -446,12 +483,14 @@ func (r *Runner) RunClient(ctx context.Context, sc Scenario, name string, dial [
 		// The client's breaker may still be open: wait until it lets a
 		// probe through, as a caller would retry later, then make the calls
 		// one after another.
-		if g := breakers; g != nil {
-			g.Each(func(b *breaker.Breaker) {
-				for b.State() == breaker.Open && ctx.Err() == nil {
-					wait(ctx, 5*time.Millisecond)
-				}
-			})
+		if breakers != nil {
+			for _, g := range breakers() {
+				g.Each(func(b *breaker.Breaker) {
+					for b.State() == breaker.Open && ctx.Err() == nil {
+						wait(ctx, 5*time.Millisecond)
+					}
+				})
+			}
 		}
 		res.AfterRecovery = max(sc.Faults.Capacity/2, 1)
 		for range res.AfterRecovery {
@@ -472,9 +511,14 @@ type herd struct {
 	latencies []time.Duration // of the successful calls
 }
 
+// fleet is the clients of a run; call i goes to client i mod their number.
+type fleet []demov1.GatewayServiceClient
+
+func (f fleet) client(i int) demov1.GatewayServiceClient { return f[i%len(f)] }
+
 // firePaced starts n charges, one every interval, and waits for all of
 // them, timing each.
-func firePaced(ctx context.Context, client demov1.GatewayServiceClient, n int, interval, timeout time.Duration) herd {
+func firePaced(ctx context.Context, clients fleet, n int, interval, timeout time.Duration) herd {
 	var (
 		mu sync.Mutex
 		wg sync.WaitGroup
@@ -493,7 +537,7 @@ func firePaced(ctx context.Context, client demov1.GatewayServiceClient, n int, i
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			start := time.Now()
-			_, err := client.Charge(cctx, &demov1.ChargeRequest{AmountCents: 100})
+			_, err := clients.client(i).Charge(cctx, &demov1.ChargeRequest{AmountCents: 100})
 			took := time.Since(start)
 			mu.Lock()
 			defer mu.Unlock()
@@ -509,19 +553,19 @@ func firePaced(ctx context.Context, client demov1.GatewayServiceClient, n int, i
 }
 
 // fireHerd starts n charges at the same instant and waits for all of them.
-func fireHerd(ctx context.Context, client demov1.GatewayServiceClient, n int, timeout time.Duration) herd {
+func fireHerd(ctx context.Context, clients fleet, n int, timeout time.Duration) herd {
 	var (
 		mu    sync.Mutex
 		wg    sync.WaitGroup
 		start = make(chan struct{})
 		h     = herd{outcomes: map[string]int{}}
 	)
-	for range n {
+	for i := range n {
 		wg.Go(func() {
 			<-start
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			_, err := client.Charge(cctx, &demov1.ChargeRequest{AmountCents: 100})
+			_, err := clients.client(i).Charge(cctx, &demov1.ChargeRequest{AmountCents: 100})
 			mu.Lock()
 			defer mu.Unlock()
 			h.outcomes[outcome(err)]++
@@ -608,6 +652,11 @@ var namedScenarios = []struct {
 	{"partial-closed", PartialClosed},
 	{"partial-short", PartialShort},
 	{"partial", PartialScenarios},
+	{"dead-refusing", func() []Scenario { return []Scenario{Dead(false, true)} }},
+	{"dead-killed", func() []Scenario { return []Scenario{Dead(true, true)} }},
+	{"dead-refusing-nodeadline", func() []Scenario { return []Scenario{Dead(false, false)} }},
+	{"dead-killed-nodeadline", func() []Scenario { return []Scenario{Dead(true, false)} }},
+	{"dead", DeadScenarios},
 }
 
 // ScenarioNames lists the names ScenariosNamed knows, for a command's

@@ -141,7 +141,7 @@ func GRPCRetryConfig(attempts int, base, cap time.Duration, throttling bool) str
 // ended (a call refused at once comes back in microseconds, so a run can
 // make millions: only counts and the successes' latencies are kept); sc is
 // scaled, and the server was just reset.
-func (r *Runner) runClosed(ctx context.Context, sc Scenario, res Result, client demov1.GatewayServiceClient, ctl demov1.GatewayServiceClient) (Result, error) {
+func (r *Runner) runClosed(ctx context.Context, sc Scenario, res Result, clients fleet, ctl demov1.GatewayServiceClient) (Result, error) {
 	type tally struct {
 		outcomes          map[string]int
 		latencies, failed []time.Duration
@@ -161,7 +161,7 @@ func (r *Runner) runClosed(ctx context.Context, sc Scenario, res Result, client 
 					break
 				}
 				cctx, cancel := context.WithTimeout(ctx, sc.Deadline)
-				_, err := client.Charge(cctx, &demov1.ChargeRequest{AmountCents: 100})
+				_, err := clients.client(w).Charge(cctx, &demov1.ChargeRequest{AmountCents: 100})
 				cancel()
 				t.outcomes[outcome(err)]++
 				took := time.Since(start)

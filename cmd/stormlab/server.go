@@ -81,6 +81,10 @@ type Faults struct {
 	TriggerAt, TriggerFor time.Duration
 	TriggerCapacity       int
 	TriggerOutage         bool
+	// TriggerKill makes the trigger the server's process gone: served by
+	// a [Host], it stops listening and drops every connection when the
+	// trigger starts, and listens again on the same address when it ends.
+	TriggerKill bool
 }
 
 func (f Faults) withDefaults() Faults {
@@ -150,10 +154,10 @@ func (f Faults) Validate() error {
 		return bad("TriggerCapacity", f.TriggerCapacity, "must not be negative")
 	case f.Model != "" && f.Model != ModelSticky && f.Model != ModelGentle:
 		return bad("Model", fmt.Sprintf("%q", f.Model), fmt.Sprintf("want %q or %q", ModelSticky, ModelGentle))
-	case f.TriggerFor > 0 && !f.TriggerOutage && f.TriggerCapacity == 0:
-		return bad("TriggerCapacity", 0, fmt.Sprintf("a trigger of %v needs a capacity above 0, or TriggerOutage", f.TriggerFor))
-	case f.TriggerFor == 0 && (f.TriggerOutage || f.TriggerCapacity > 0 || f.TriggerAt > 0):
-		return bad("TriggerFor", 0, "a trigger (TriggerAt, TriggerCapacity, TriggerOutage) needs a length")
+	case f.TriggerFor > 0 && !f.TriggerOutage && !f.TriggerKill && f.TriggerCapacity == 0:
+		return bad("TriggerCapacity", 0, fmt.Sprintf("a trigger of %v needs a capacity above 0, or TriggerOutage, or TriggerKill", f.TriggerFor))
+	case f.TriggerFor == 0 && (f.TriggerOutage || f.TriggerKill || f.TriggerCapacity > 0 || f.TriggerAt > 0):
+		return bad("TriggerFor", 0, "a trigger (TriggerAt, TriggerCapacity, TriggerOutage, TriggerKill) needs a length")
 	}
 	return nil
 }
@@ -169,7 +173,7 @@ func (f Faults) Proto() *demov1.Faults {
 		SlowRate: f.SlowRate, SlowLatencyNs: int64(f.SlowLatency),
 		Model: f.Model, QueueLimitNs: int64(f.QueueLimit),
 		TriggerAtNs: int64(f.TriggerAt), TriggerForNs: int64(f.TriggerFor),
-		TriggerCapacity: int64(f.TriggerCapacity), TriggerOutage: f.TriggerOutage,
+		TriggerCapacity: int64(f.TriggerCapacity), TriggerOutage: f.TriggerOutage, TriggerKill: f.TriggerKill,
 	}
 }
 
@@ -184,7 +188,7 @@ func FaultsFromProto(p *demov1.Faults) Faults {
 		SlowRate: p.GetSlowRate(), SlowLatency: ns(p.GetSlowLatencyNs()),
 		Model: p.GetModel(), QueueLimit: ns(p.GetQueueLimitNs()),
 		TriggerAt: ns(p.GetTriggerAtNs()), TriggerFor: ns(p.GetTriggerForNs()),
-		TriggerCapacity: int(p.GetTriggerCapacity()), TriggerOutage: p.GetTriggerOutage(),
+		TriggerCapacity: int(p.GetTriggerCapacity()), TriggerOutage: p.GetTriggerOutage(), TriggerKill: p.GetTriggerKill(),
 	}
 }
 
@@ -209,6 +213,10 @@ type Server struct {
 	deadline DeadlineCounts
 	// retriedAbove counts the attempts that carried RetriedAboveKey.
 	retriedAbove int64
+	// host serves the gateway, when a Host does: TriggerKill stops and
+	// restarts it, by the timers in kills.
+	host  *Host
+	kills []*time.Timer
 }
 
 // tenth counts the arrivals of a tenth of a window.
@@ -251,6 +259,13 @@ func (s *Server) reset(f Faults) {
 	s.queueEnd = time.Time{}
 	s.deadline = DeadlineCounts{}
 	s.retriedAbove = 0
+	for _, t := range s.kills {
+		t.Stop()
+	}
+	s.kills = nil
+	if s.host != nil {
+		go s.host.revive() // a reset during a kill: back at once
+	}
 }
 
 // Register adds the gateway and its fault-injecting, counting interceptors
@@ -323,6 +338,9 @@ func (s *Server) arrive(ctx context.Context) (w *demov1.Window, queued time.Dura
 	now := s.now()
 	if s.start.IsZero() {
 		s.start, s.overload.windowStart = now, now
+		if f := s.faults; f.TriggerKill && s.host != nil {
+			s.kills = []*time.Timer{time.AfterFunc(f.TriggerAt, s.host.kill), time.AfterFunc(f.TriggerAt+f.TriggerFor, s.host.revive)}
+		}
 	}
 	since := now.Sub(s.start)
 	w = s.windowLocked(since)
@@ -667,11 +685,11 @@ func ServeLoopback(f Faults, opts ...grpc.ServerOption) (s *Server, addr string,
 	if err != nil {
 		return nil, "", nil, err
 	}
-	addr, stop, err = serveLoopback(s.Register(opts...))
+	h, err := s.Serve("127.0.0.1:0", opts...)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	return s, addr, stop, nil
+	return s, h.Addr(), h.Stop, nil
 }
 
 // serveLoopback serves g on 127.0.0.1, on a port the system picks, until
@@ -687,4 +705,107 @@ func serveLoopback(g *grpc.Server) (addr string, stop func(), err error) {
 		_ = g.Serve(lis)
 	}()
 	return lis.Addr().String(), func() { g.Stop(); <-done }, nil
+}
+
+// Host serves a gateway on a TCP address, as its process does: a trigger
+// with TriggerKill stops it, as if the process were killed (the listener
+// closed, every connection dropped), and it comes back on the same
+// address when the trigger ends. Make one with [Server.Serve].
+type Host struct {
+	s    *Server
+	opts []grpc.ServerOption
+	addr string
+
+	mu      sync.Mutex
+	g       *grpc.Server // nil while killed or stopped
+	done    chan struct{}
+	stopped bool
+}
+
+// Serve serves s on addr (port 0 picks one) with opts, until the Host is
+// stopped.
+func (s *Server) Serve(addr string, opts ...grpc.ServerOption) (*Host, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	h := &Host{s: s, opts: opts, addr: lis.Addr().String()}
+	h.mu.Lock()
+	h.serveLocked(lis)
+	h.mu.Unlock()
+	s.mu.Lock()
+	s.host = h
+	s.mu.Unlock()
+	return h, nil
+}
+
+// Addr is the address the Host serves on.
+func (h *Host) Addr() string { return h.addr }
+
+func (h *Host) serveLocked(lis net.Listener) {
+	g, done := h.s.Register(h.opts...), make(chan struct{})
+	h.g, h.done = g, done
+	go func() {
+		defer close(done)
+		_ = g.Serve(lis)
+	}()
+}
+
+// kill stops serving, dropping every connection.
+func (h *Host) kill() {
+	h.mu.Lock()
+	g, done := h.g, h.done
+	h.g = nil
+	h.mu.Unlock()
+	if g != nil {
+		g.Stop()
+		<-done
+	}
+}
+
+// revive serves again on the same address after a kill. The address can
+// stay taken for a moment after the old listener closed: it tries for a
+// second.
+func (h *Host) revive() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.g != nil || h.stopped {
+		return
+	}
+	for range 100 {
+		lis, err := net.Listen("tcp", h.addr)
+		if err == nil {
+			h.serveLocked(lis)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Stop stops serving for good, and returns once the server has stopped.
+func (h *Host) Stop() {
+	h.mu.Lock()
+	h.stopped = true
+	h.mu.Unlock()
+	h.kill()
+}
+
+// GracefulStop is Stop that lets the calls in progress finish first, for
+// at most wait.
+func (h *Host) GracefulStop(wait time.Duration) {
+	h.mu.Lock()
+	h.stopped = true
+	g, done := h.g, h.done
+	h.g = nil
+	h.mu.Unlock()
+	if g == nil {
+		return
+	}
+	go g.GracefulStop()
+	select {
+	case <-done:
+	case <-time.After(wait):
+		g.Stop()
+		<-done
+	}
 }

@@ -14,6 +14,10 @@ import (
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
 
+// NotReturned is the outcome of a call without a deadline still running
+// when a steady load stopped waiting for it (see DefaultPatience).
+const NotReturned = "not returned"
+
 // DefaultBucket is the width of the buckets a steady-load run's completions
 // are counted in, at full scale.
 const DefaultBucket = 250 * time.Millisecond
@@ -96,8 +100,8 @@ func SteadyGentle() Scenario {
 func SteadyScenarios() []Scenario { return []Scenario{SteadyCut(), SteadyOutage(), SteadyGentle()} }
 
 // IsSteady reports whether sc is steady load with a brownout (its Rate is
-// above 0, and it is not a partial failure).
-func (sc Scenario) IsSteady() bool { return sc.Rate > 0 && !sc.partial }
+// above 0, and it is neither a partial failure nor a dead server).
+func (sc Scenario) IsSteady() bool { return sc.Rate > 0 && !sc.partial && !sc.dead }
 
 func (sc Scenario) bucket() time.Duration {
 	if sc.Bucket > 0 {
@@ -208,7 +212,7 @@ func (s *Steady) Recovery(share float64) (d time.Duration, never bool) {
 
 // runSteady starts the scenario's calls open loop and records each one;
 // sc is scaled, and the server was just reset.
-func (r *Runner) runSteady(ctx context.Context, sc Scenario, res Result, client demov1.GatewayServiceClient, ctl demov1.GatewayServiceClient) (Result, error) {
+func (r *Runner) runSteady(ctx context.Context, sc Scenario, res Result, clients fleet, ctl demov1.GatewayServiceClient) (Result, error) {
 	n := sc.steadyCalls()
 	res.Calls = n
 	st := &Steady{Calls: make([]Completion, 0, n), Bucket: sc.bucket(), Rate: sc.Rate}
@@ -218,6 +222,13 @@ func (r *Runner) runSteady(ctx context.Context, sc Scenario, res Result, client 
 	calls := make([]Completion, n)
 	var wg sync.WaitGroup
 	t0 := time.Now()
+	// Without a deadline, a call still running DefaultPatience after the
+	// last one started is cut, and counted as not returned.
+	patient, cut := ctx, context.CancelFunc(func() {})
+	if sc.Deadline <= 0 {
+		patient, cut = context.WithDeadline(ctx, t0.Add(sc.Duration+DefaultPatience))
+	}
+	defer cut()
 	timer := time.NewTimer(0)
 	<-timer.C
 	started := 0
@@ -237,10 +248,17 @@ func (r *Runner) runSteady(ctx context.Context, sc Scenario, res Result, client 
 		started++
 		wg.Go(func() {
 			start := time.Now()
-			cctx, cancel := context.WithTimeout(ctx, sc.Deadline)
-			_, err := client.Charge(cctx, &demov1.ChargeRequest{AmountCents: 100})
+			cctx, cancel := patient, context.CancelFunc(func() {})
+			if sc.Deadline > 0 {
+				cctx, cancel = context.WithTimeout(ctx, sc.Deadline)
+			}
+			_, err := clients.client(i).Charge(cctx, &demov1.ChargeRequest{AmountCents: 100})
 			cancel()
-			calls[i] = Completion{Start: start.Sub(t0), End: time.Since(t0), Outcome: outcome(err)}
+			how := outcome(err)
+			if sc.Deadline <= 0 && patient.Err() != nil && ctx.Err() == nil {
+				how = NotReturned
+			}
+			calls[i] = Completion{Start: start.Sub(t0), End: time.Since(t0), Outcome: how}
 		})
 	}
 	timer.Stop()

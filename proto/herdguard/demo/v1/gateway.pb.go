@@ -719,8 +719,12 @@ type Faults struct {
 	TriggerForNs    int64 `protobuf:"varint,28,opt,name=trigger_for_ns,json=triggerForNs,proto3" json:"trigger_for_ns,omitempty"`
 	TriggerCapacity int64 `protobuf:"varint,17,opt,name=trigger_capacity,json=triggerCapacity,proto3" json:"trigger_capacity,omitempty"`
 	TriggerOutage   bool  `protobuf:"varint,18,opt,name=trigger_outage,json=triggerOutage,proto3" json:"trigger_outage,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// trigger_kill makes the trigger the server's process gone: the server
+	// stops listening and drops every connection when the trigger starts,
+	// and listens again on the same address when it ends.
+	TriggerKill   bool `protobuf:"varint,29,opt,name=trigger_kill,json=triggerKill,proto3" json:"trigger_kill,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Faults) Reset() {
@@ -879,6 +883,13 @@ func (x *Faults) GetTriggerOutage() bool {
 	return false
 }
 
+func (x *Faults) GetTriggerKill() bool {
+	if x != nil {
+		return x.TriggerKill
+	}
+	return false
+}
+
 type ResetStatsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -964,7 +975,7 @@ const file_herdguard_demo_v1_gateway_proto_rawDesc = "" +
 	"\x14peak_retries_sliding\x18\x10 \x01(\x03R\x12peakRetriesSliding\x122\n" +
 	"\x15peak_attempts_sliding\x18\x11 \x01(\x03R\x13peakAttemptsSliding\"F\n" +
 	"\x11ResetStatsRequest\x121\n" +
-	"\x06faults\x18\x01 \x01(\v2\x19.herdguard.demo.v1.FaultsR\x06faults\"\xce\x06\n" +
+	"\x06faults\x18\x01 \x01(\v2\x19.herdguard.demo.v1.FaultsR\x06faults\"\xf1\x06\n" +
 	"\x06Faults\x12\x1b\n" +
 	"\tfail_rate\x18\x01 \x01(\x01R\bfailRate\x12\x1b\n" +
 	"\toutage_ns\x18\x13 \x01(\x03R\boutageNs\x12\x1a\n" +
@@ -984,7 +995,8 @@ const file_herdguard_demo_v1_gateway_proto_rawDesc = "" +
 	"\rtrigger_at_ns\x18\x1b \x01(\x03R\vtriggerAtNs\x12$\n" +
 	"\x0etrigger_for_ns\x18\x1c \x01(\x03R\ftriggerForNs\x12)\n" +
 	"\x10trigger_capacity\x18\x11 \x01(\x03R\x0ftriggerCapacity\x12%\n" +
-	"\x0etrigger_outage\x18\x12 \x01(\bR\rtriggerOutageJ\x04\b\x02\x10\x03J\x04\b\x04\x10\x05J\x04\b\x05\x10\x06J\x04\b\b\x10\tJ\x04\b\t\x10\n" +
+	"\x0etrigger_outage\x18\x12 \x01(\bR\rtriggerOutage\x12!\n" +
+	"\ftrigger_kill\x18\x1d \x01(\bR\vtriggerKillJ\x04\b\x02\x10\x03J\x04\b\x04\x10\x05J\x04\b\x05\x10\x06J\x04\b\b\x10\tJ\x04\b\t\x10\n" +
 	"J\x04\b\n" +
 	"\x10\vJ\x04\b\f\x10\rJ\x04\b\x0e\x10\x0fJ\x04\b\x0f\x10\x10J\x04\b\x10\x10\x11R\toutage_msR\x12capacity_window_msR\x10recover_after_msR\twindow_msR\n" +
 	"latency_usR\x11latency_spread_usR\x0fslow_latency_msR\x0equeue_limit_usR\rtrigger_at_usR\x0etrigger_for_us\"\x14\n" +
