@@ -184,7 +184,9 @@ func sumInt(t *testing.T, r *sdkmetric.ManualReader, name string, want []attribu
 func TestMetrics(t *testing.T) {
 	rec, mp := newMetrics()
 	sc := fail(codes.Unavailable, codes.Unavailable, codes.OK)
-	_, c, _, _ := setup(t, sc, WithMeterProvider(mp), WithPolicy(tablePolicy), WithBreaker(breaker.Settings{ConsecutiveFailures: 1}))
+	// Without the overload controller, which would pace the refusals
+	// below instead of letting the breaker count them.
+	_, c, _, _ := setup(t, sc, WithMeterProvider(mp), WithPolicy(tablePolicy), WithBreaker(breaker.Settings{ConsecutiveFailures: 1}), WithoutOverloadControl())
 	if err := call(t, c); err != nil {
 		t.Fatal(err)
 	}

@@ -71,18 +71,20 @@ func TestOverloadControlDefault(t *testing.T) {
 	}
 }
 
-// overloaded makes a client whose server answers one attempt, refuses the
+// overloaded makes a client whose server answers 30 attempts, refuses the
 // next n+1 (Unavailable) and then answers, with a controller that starts
-// pacing after 3 refusals; it sends those n+2 calls, one attempt each. The
-// server collapsed (it answered none of the last n), so the controller
-// probes only; the last call is held for the first probe, which the
-// server refuses. It returns the gap to the next probe: with the fixed
-// random number 0.5, the mean gap.
+// pacing after 3 refusals; it sends those n+31 calls, one attempt each.
+// The server collapsed (it answered none of the last n, a run the share it
+// failed before cannot explain), so the controller probes only; the last
+// call is held for the first probe, which the server refuses. It returns
+// the gap to the next probe: with the fixed random number 0.5, the mean
+// gap.
 func overloaded(t *testing.T, n int, opts ...Option) (*fakeClock, grpc_testing.TestServiceClient, *Interceptor, time.Duration) {
 	t.Helper()
-	codesList := make([]codes.Code, n+3)
+	const answers = 30
+	codesList := make([]codes.Code, answers+n+2)
 	for i := range n + 1 {
-		codesList[i+1] = codes.Unavailable
+		codesList[answers+i] = codes.Unavailable
 	}
 	sc := fail(codesList...)
 	srv := testserver.Start(t, &testserver.Server{Unary: sc.unary,
@@ -96,10 +98,12 @@ func overloaded(t *testing.T, n int, opts ...Option) (*fakeClock, grpc_testing.T
 		t.Fatal(err)
 	}
 	c := srv.Client(t, ic.DialOptions()...)
-	if err := call(t, c); err != nil {
-		t.Fatalf("scripted answer: %v", err)
+	for range answers {
+		if err := call(t, c); err != nil {
+			t.Fatalf("scripted answer: %v", err)
+		}
 	}
-	clk.Advance(overload.DefaultInterval) // the answer is in a calm interval of its own
+	clk.Advance(overload.DefaultInterval) // the answers are in a calm interval of their own
 	for range n {
 		if err := call(t, c); status.Code(err) != codes.Unavailable {
 			t.Fatalf("scripted failure: %v", err)
@@ -174,7 +178,8 @@ func TestOverloadShedsAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := srv.Client(t, ic.DialOptions()...)
-	// The server sustains 3 per interval for a second, then refuses 3.
+	// The server sustains 3 per interval for a second, then refuses 4: a
+	// run that what it failed before (nothing, of 30) cannot explain.
 	for range 30 {
 		if err := call(t, c); err != nil {
 			t.Fatal(err)
@@ -182,9 +187,9 @@ func TestOverloadShedsAttempt(t *testing.T) {
 	}
 	clk.Advance(time.Second)
 	sc.mu.Lock()
-	sc.errs, sc.n = []error{status.Error(codes.Unavailable, "1"), status.Error(codes.Unavailable, "2"), status.Error(codes.Unavailable, "3"), nil}, 0
+	sc.errs, sc.n = []error{status.Error(codes.Unavailable, "1"), status.Error(codes.Unavailable, "2"), status.Error(codes.Unavailable, "3"), status.Error(codes.Unavailable, "4"), nil}, 0
 	sc.mu.Unlock()
-	for i := range 3 {
+	for i := range 4 {
 		if err := call(t, c); status.Code(err) != codes.Unavailable {
 			t.Fatalf("scripted refusal %d: %v, want Unavailable", i+1, err)
 		}

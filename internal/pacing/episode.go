@@ -29,13 +29,16 @@ type episode struct {
 	setbacks int
 	holdTill time.Time // no growth before this (rules 6 and 7)
 
-	// sample is the outcomes since the rate was last set, which the next
-	// decision judges; lowered is true when the rate was lowered on the
-	// evidence of trig, a share rule 4 compares the sample with.
+	// sample is the outcomes of the attempts sent since the rate was last
+	// set, which the next decision judges (the first outcomes after it,
+	// as many as were in flight, are counted as the earlier attempts'); trig is the evidence that began the episode, which
+	// rule 4 compares the sample with, and trigRate its attempts per
+	// Interval.
 	sample     counts
 	sampleFrom time.Time
+	before     float64 // outcomes still to come of attempts sent before the rate was set
 	trig       counts
-	lowered    bool
+	trigRate   float64
 	// tried is true while the rate is one the controller chose to try (a
 	// restart or growth), false while it is one the server's answers set;
 	// stepped is the factor the last growth multiplied it by (1 after a
@@ -75,7 +78,7 @@ func (c *Controller) beginLocked(now time.Time, e counts, span time.Duration) {
 	for k := range buckets {
 		took = max(took, c.ev.last(k).answered)
 	}
-	c.ep = episode{refilled: now, sampleFrom: now, trig: e, lowered: true, spell: now,
+	c.ep = episode{refilled: now, sampleFrom: now, trig: e, trigRate: c.perInterval(e.outcomes(), span), spell: now,
 		target: c.known, holdTill: now.Add(c.s.Hold)}
 	if c.known == 0 {
 		c.ep.target = c.s.Headroom * took // a fresh client knows only what it saw now
@@ -92,11 +95,12 @@ func (c *Controller) setRateLocked(now time.Time, rate float64) {
 	c.ep.rate = rate
 	c.ep.tokens = 0
 	c.ep.collapsed = rate < c.probeRate()
+	c.collapsed.Store(c.ep.collapsed)
 	if c.ep.collapsed {
 		c.ep.rate = 0
 		c.ep.probeAt = now.Add(c.probeGap(c.s.Rand())) // the first within a mean gap
 	}
-	c.ep.sample, c.ep.sampleFrom = counts{}, now
+	c.ep.sample, c.ep.sampleFrom, c.ep.before = counts{}, now, c.inflight
 }
 
 // probeRate is the rate of probes while the server is collapsed, in
@@ -118,7 +122,11 @@ func (c *Controller) probeRate() float64 {
 // known).
 func (c *Controller) answeredLocked(now time.Time, took time.Duration) {
 	ep := &c.ep
-	ep.sample.answered++
+	if ep.before >= 1 {
+		ep.before-- // sent before the rate was set
+	} else {
+		ep.sample.answered++
+	}
 	ep.spell, ep.probesRefused = time.Time{}, 0
 	if took > 0 && (ep.took == 0 || took < ep.took) {
 		ep.took = took
@@ -135,16 +143,20 @@ func (c *Controller) restartLocked(now time.Time) {
 	ep := &c.ep
 	ep.down = false
 	ep.holdTill = now.Add(c.s.Hold)
-	ep.lowered = false
 	c.setRateLocked(now, max(ep.target, c.probeRate()))
 	ep.collapsed, ep.tried, ep.stepped = false, true, 1
+	c.collapsed.Store(false)
 	c.serveLocked(now)
 }
 
 // refusedLocked counts a refusal while pacing (late: a time-out).
 func (c *Controller) refusedLocked(now time.Time, late bool) {
 	ep := &c.ep
-	ep.sample.refused++
+	if ep.before >= 1 {
+		ep.before--
+	} else {
+		ep.sample.refused++
+	}
 	if ep.spell.IsZero() {
 		ep.spell = now
 	}
@@ -175,17 +187,17 @@ func (c *Controller) decideLocked(now time.Time) {
 	ep := &c.ep
 	s, span := ep.sample, now.Sub(ep.sampleFrom)
 	switch {
-	case s.answered == 0: // a run: rule 5 judges it
+	case c.run >= c.s.MinFailures: // a run: rule 5 judges it
 	case !c.aboveOwn(s): // rule 4: the server's own share explains them
 		c.endLocked()
-	case ep.lowered && same(s, ep.trig): // rule 4
+	case c.perInterval(s.outcomes(), span) <= c.s.Headroom*ep.trigRate && same(s, ep.trig): // rule 4
 		c.independentLocked(s)
 	default: // rule 7
 		took := c.perInterval(s.answered, span)
 		if ep.tried {
 			c.setbackLocked(now)
 		}
-		ep.lowered, ep.tried = true, false
+		ep.tried = false
 		c.setRateLocked(now, c.s.Headroom*took)
 		ep.refused = true
 	}
@@ -282,13 +294,13 @@ func (c *Controller) growLocked(now time.Time) {
 	ep.rate, ep.tried, ep.stepped = next, true, next/ep.rate
 	ep.holdTill = now.Add(c.s.Hold)
 	ep.waited, ep.arrivals, ep.arrivalsN = false, 0, 0
-	ep.lowered = false
 	c.serveLocked(now)
 }
 
 // endLocked ends the pacing: the line is let go and attempts go at once.
 func (c *Controller) endLocked() {
 	c.pacing.Store(false)
+	c.collapsed.Store(false)
 	c.ep.down = false
 	for _, w := range c.line {
 		c.grantLocked(w, nil)

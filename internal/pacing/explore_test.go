@@ -51,26 +51,43 @@ func TestExplore(t *testing.T) {
 	if os.Getenv("HERDGUARD_SIM_EXPLORE") == "" {
 		t.Skip("HERDGUARD_SIM_EXPLORE=1 prints the simulated storm lab")
 	}
-	only := os.Getenv("HERDGUARD_SIM_ONLY")
-	for _, sc := range scenarios() {
-		if only != "" && !strings.Contains(","+only+",", ","+sc.name+",") {
-			continue
-		}
+	for _, sc := range selected() {
 		for _, n := range []int{1, 10, 40, 100} {
-			for _, st := range []string{"none", "retries", "herdguard"} {
-				l := sc.l
-				var set *overload.Settings
-				switch st {
-				case "none":
-					l.policy = policy.Policy{MaxAttempts: 1}
-				case "herdguard":
-					set = &overload.Settings{DownAfter: downAfter()}
-				}
-				f := newFleet(1, n, sc.srv(), l, set).run()
-				fmt.Printf("%-8s N=%-3d %-9s %v\n", sc.name, n, st, f.result(sc.trigEnd))
+			for _, st := range strategies {
+				fmt.Printf("%-8s N=%-3d %-9s %v\n", sc.name, n, st, runStrategy(sc, n, st, 1))
 			}
 		}
 	}
+}
+
+// strategies are the simulated lab's rows: no retries, policy.Default's
+// retries alone, and herdguard's controller with its defaults.
+var strategies = []string{"none", "retries", "herdguard"}
+
+// runStrategy runs scenario sc offered by n clients with strategy st.
+func runStrategy(sc scenario, n int, st string, seed uint64) result {
+	l := sc.l
+	var set *overload.Settings
+	switch st {
+	case "none":
+		l.policy = policy.Policy{MaxAttempts: 1}
+	case "herdguard":
+		set = &overload.Settings{DownAfter: downAfter()}
+	}
+	return newFleet(seed, n, sc.srv(), l, set).run().result(sc.trigEnd)
+}
+
+// selected returns the scenarios HERDGUARD_SIM_ONLY names (a comma list),
+// all without it.
+func selected() []scenario {
+	only := os.Getenv("HERDGUARD_SIM_ONLY")
+	var out []scenario
+	for _, sc := range scenarios() {
+		if only == "" || strings.Contains(","+only+",", ","+sc.name+",") {
+			out = append(out, sc)
+		}
+	}
+	return out
 }
 
 // trace prints, every 100 ms of a run, the server's arrivals and state and
@@ -123,7 +140,9 @@ func TestTrace(t *testing.T) {
 		if sc.name != os.Getenv("HERDGUARD_SIM_TRACE") {
 			continue
 		}
-		f := newFleet(1, max(n, 1), sc.srv(), sc.l, &overload.Settings{DownAfter: downAfter()})
+		var seed uint64 = 1
+		fmt.Sscan(os.Getenv("HERDGUARD_SIM_SEED"), &seed)
+		f := newFleet(seed, max(n, 1), sc.srv(), sc.l, &overload.Settings{DownAfter: downAfter()})
 		f.trace(traceFrom(), 8*time.Second)
 		f.run()
 		fmt.Println(f.result(sc.trigEnd))
@@ -188,6 +207,39 @@ func TestClients(t *testing.T) {
 			if ok < all {
 				fmt.Printf("client %2d ok %d/%d last %v pacing %v rate %.2f target %.2f known %.2f coll %v down %v base %.2f\n", i, ok, all, last, c.pacing.Load(), c.ep.rate, c.ep.target, c.known, c.ep.collapsed, c.ep.down, c.base)
 			}
+		}
+	}
+}
+
+// TestSummary prints, for every scenario and fleet size, the calls ok
+// of no retries, retries alone and herdguard, means over
+// HERDGUARD_SIM_SUMMARY seeds, and herdguard's least.
+func TestSummary(t *testing.T) {
+	var seeds int
+	fmt.Sscan(os.Getenv("HERDGUARD_SIM_SUMMARY"), &seeds)
+	if seeds == 0 {
+		t.Skip("HERDGUARD_SIM_SUMMARY=5 prints the simulated storm lab over 5 seeds")
+	}
+	for _, sc := range selected() {
+		for _, n := range []int{1, 10, 40, 100} {
+			var line strings.Builder
+			fmt.Fprintf(&line, "%-8s N=%-3d", sc.name, n)
+			for _, st := range strategies {
+				sum, least, rec := 0.0, 101.0, time.Duration(0)
+				for seed := range seeds {
+					r := runStrategy(sc, n, st, uint64(seed+1))
+					p := 100 * float64(r.ok) / float64(r.calls)
+					sum += p
+					least = min(least, p)
+					rec = max(rec, r.recovery)
+				}
+				if st == "herdguard" {
+					fmt.Fprintf(&line, "  hg %5.1f (least %5.1f, rec ≤%v)", sum/float64(seeds), least, rec)
+				} else {
+					fmt.Fprintf(&line, "  %s %5.1f", st, sum/float64(seeds))
+				}
+			}
+			fmt.Println(line.String())
 		}
 	}
 }

@@ -87,7 +87,9 @@ func (c *Controller) leave(w *waiter) (told bool) {
 // sentLocked counts an attempt sent while pacing.
 func (c *Controller) sentLocked() {
 	c.ev.cur().sent++
+	c.ep.sample.sent++
 	c.runSent++
+	c.inflight++
 }
 
 // grantLocked tells w err (nil: go) once.
@@ -104,7 +106,8 @@ func (c *Controller) grantLocked(w *waiter, err error) {
 // refuses. A switch to deadline order sorts the line.
 func (c *Controller) edfLocked() bool {
 	ep := &c.ep
-	edf := ep.lastTook >= c.s.Interval || !ep.collapsed && !ep.refused && !ep.refusedLast
+	refusing := ep.collapsed || ep.refused || ep.refusedLast || ep.sample.refused > 0 && c.aboveOwn(ep.sample)
+	edf := ep.lastTook >= c.s.Interval || !refusing
 	if edf && !c.edf {
 		slices.SortStableFunc(c.line, func(a, b *waiter) int { return a.limit.Compare(b.limit) })
 	}

@@ -121,8 +121,10 @@ type Controller struct {
 
 	// The calm path: read and counted without the lock.
 	pacing    atomic.Bool
+	collapsed atomic.Bool  // pacing, and the server answers nothing: probes only
 	calmSent  atomic.Int64 // attempts sent while calm, not yet folded into ev
 	calmOK    atomic.Int64 // answers while calm, not yet folded
+	calmGone  atomic.Int64 // attempts that said nothing, not yet folded
 	answers   atomic.Uint32
 	foldAfter atomic.Int64 // Unix ns: a calm answer past this folds the counts in
 	stats     counters
@@ -134,7 +136,8 @@ type Controller struct {
 	baseN     float64   // the outcomes behind it (decaying)
 	known     float64   // answers per Interval this client's traffic got while calm
 	run       int       // refusals since the server's last answer
-	runSent   float64   // attempts sent since then (some before it, in flight)
+	runSent   float64   // attempts in flight at that answer, and sent since
+	inflight  float64   // attempts sent and not yet ended
 	ep        episode   // the current episode of pacing, or the last one
 	line      []*waiter // newest last; by deadline while edf
 	edf       bool      // the line is in deadline order
@@ -171,6 +174,12 @@ func New(s overload.Settings, env Env) (*Controller, error) {
 // Pacing reports whether the controller paces attempts: the server has
 // shown it is overloaded. It takes no lock.
 func (c *Controller) Pacing() bool { return c.pacing.Load() }
+
+// Answering reports whether the controller paces a server that still
+// answers some attempts: it holds attempts to a rate, the server is
+// overloaded, not gone. It is false when calm, and while the server
+// answers nothing (probes only). It takes no lock.
+func (c *Controller) Answering() bool { return c.pacing.Load() && !c.collapsed.Load() }
 
 // Sent reports an attempt sent without asking Acquire because Pacing
 // reported false: one atomic load and one atomic add. The refusals that may
@@ -235,7 +244,8 @@ func (c *Controller) Done(o Outcome, took time.Duration) {
 		now := c.s.Now()
 		c.foldLocked(now)
 		c.ev.cur().answered++
-		c.run, c.runSent = 0, 0
+		c.inflight = max(c.inflight-1, 0)
+		c.run, c.runSent = 0, c.inflight
 		if c.pacing.Load() {
 			c.answeredLocked(now, took)
 		}
@@ -244,6 +254,7 @@ func (c *Controller) Done(o Outcome, took time.Duration) {
 		c.mu.Lock()
 		now := c.s.Now()
 		c.foldLocked(now)
+		c.inflight = max(c.inflight-1, 0)
 		c.run++
 		c.ev.cur().refused++
 		if c.pacing.Load() {
@@ -252,7 +263,8 @@ func (c *Controller) Done(o Outcome, took time.Duration) {
 			c.judgeCalmLocked(now)
 		}
 		c.mu.Unlock()
-
+	case Ignored:
+		c.calmGone.Add(1) // no longer in flight
 	}
 }
 
@@ -263,14 +275,16 @@ func (c *Controller) Done(o Outcome, took time.Duration) {
 func (c *Controller) foldLocked(now time.Time) {
 	iv := c.s.Interval
 	ended := c.ev.advance(now, iv)
-	sent, ok := c.calmSent.Swap(0), c.calmOK.Swap(0)
+	sent, ok, gone := c.calmSent.Swap(0), c.calmOK.Swap(0), c.calmGone.Swap(0)
 	if sent > 0 || ok > 0 {
 		c.ev.spread(counts{asked: float64(sent), sent: float64(sent), answered: float64(ok)}, c.folded, now, iv)
 	}
-	if ok > 0 {
-		c.run, c.runSent = 0, 0 // the server answered since the last refusal
+	c.inflight = max(c.inflight+float64(sent-ok-gone), 0)
+	if ok > 0 { // the server answered since the last refusal
+		c.run, c.runSent = 0, c.inflight
+	} else {
+		c.runSent += float64(sent)
 	}
-	c.runSent += float64(sent)
 	c.folded = now
 	c.foldAfter.Store(c.ev.start.Add(iv).UnixNano())
 	if ended == 0 {
@@ -290,13 +304,15 @@ func (c *Controller) foldLocked(now time.Time) {
 }
 
 // queuing reports whether the server falls behind: over a whole Window,
-// the attempts that ended are fewer than keptUp of those sent, and
-// MinFailures fewer at least, so its queue grows (rule 2). A slow server
-// that keeps up ends as many as it is sent, however long each takes.
+// the attempts that ended are fewer than keptUp of those sent, and fewer
+// by more than the last two Intervals sent and MinFailures, so its queue
+// grows (rule 2). A slow server that keeps up ends as many as it is sent, however
+// long each takes, and a burst just sent is in flight, not queued.
 func (c *Controller) queuing() bool {
 	t := c.ev.total()
 	ended := t.answered + t.refused
-	return c.intervals >= buckets && t.sent-ended >= float64(c.s.MinFailures) && ended < keptUp*t.sent
+	last := c.ev.last(0).sent + c.ev.last(1).sent + c.ev.last(2).sent
+	return c.intervals >= buckets && t.sent-ended > max(last, float64(c.s.MinFailures)) && ended < keptUp*t.sent
 }
 
 // learnLocked learns, while calm, what the last ended Intervals tell of
@@ -318,7 +334,7 @@ func (c *Controller) learnLocked(ended int) {
 	// with it: a server that answers less than it is sent, refusing
 	// nothing, queues, and its answers then tell its capacity, not what
 	// it took before the overload.
-	if t := c.ev.total(); c.intervals > 1 && !c.overloaded(t) && !c.queuing() {
+	if t := c.ev.total(); c.intervals > 1 && !c.overloaded(t) && t.answered+t.refused >= keptUp*t.sent {
 		c.known = (t.answered - c.ev.cur().answered) / float64(c.intervals-1)
 	}
 }
@@ -346,23 +362,20 @@ func (c *Controller) aboveOwn(e counts) bool {
 // collapsedRun reports whether the refusals since the server's last answer
 // show it collapsed (rule 5): at least MinFailures of them, and a longer
 // run than the share the server fails on its own makes by chance once in
-// 1/chance. That share is the one learnt (rule 3), or, before enough is
-// learnt, the share of the Window's attempts before the run, counted as if
-// MinFailures more had been refused at FailureRatio.
+// 1/chance. That share is the one learnt (rule 3), counted as if
+// MinFailures more attempts had been refused at FailureRatio, so that a
+// client that has learnt little judges a run as if the server failed
+// FailureRatio on its own.
 func (c *Controller) collapsedRun() bool {
 	need := float64(c.s.MinFailures)
-	own := c.base
-	if c.baseN < need {
-		t := c.ev.total()
-		k := need
-		own = (max(t.refused-float64(c.run), 0) + c.s.FailureRatio*k) / (max(t.answered+t.refused-float64(c.run), 0) + k)
-	}
+	own := (c.baseR + c.s.FailureRatio*need) / (c.baseN + need)
 	if own > 0 && own < 1 {
 		need = max(need, math.Log(chance)/math.Log(own))
 	}
 	// Refusals often come back ahead of the answers to attempts sent with
-	// them: the run is a collapse only once it is most of those sent.
-	return float64(c.run) >= need && float64(c.run) > c.s.FailureRatio*c.runSent
+	// them: the run is a collapse only once it is most of the attempts in
+	// flight at the last answer and sent since.
+	return float64(c.run) >= need && float64(c.run) > c.s.FailureRatio*max(c.runSent, float64(c.run))
 }
 
 // judgeCalmLocked starts the pacing when the evidence, which must cover
@@ -375,6 +388,10 @@ func (c *Controller) judgeCalmLocked(now time.Time) {
 		return // too little evidence yet: less than an Interval's, and few attempts
 	}
 	e, k, ok := c.ev.holding(float64(c.s.MinFailures))
+	if k == 1 && now.Sub(c.ev.start) < c.s.Interval/2 { // at least an Interval's evidence
+		e.add(c.ev.last(1))
+		k = 2
+	}
 	if !c.collapsedRun() && (!ok || !c.overloaded(e)) {
 		return
 	}
