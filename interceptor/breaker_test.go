@@ -49,7 +49,9 @@ func TestBreakerCountsCallsNotAttempts(t *testing.T) {
 }
 
 func TestBreakerOpensAfterExhaustedCallsAndFailsFast(t *testing.T) {
-	srv, c, clk, ic := setup(t, fail(codes.Unavailable), WithBreaker(breaker.Settings{ConsecutiveFailures: 2}))
+	// The breaker alone: with the overload controller, a server that
+	// refuses everything is the controller's (TestNoHarmServerDiesAfterAnswering).
+	srv, c, clk, ic := setup(t, fail(codes.Unavailable), WithBreaker(breaker.Settings{ConsecutiveFailures: 2}), WithoutOverloadControl())
 	b := ic.Breakers().Get(testserver.Target, testserver.MethodUnary)
 	if err := call(t, c); status.Code(err) != codes.Unavailable {
 		t.Fatal(err)

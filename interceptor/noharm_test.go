@@ -21,6 +21,7 @@ import (
 
 	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/internal/testserver"
+	"github.com/herdguard/herdguard/overload"
 	"github.com/herdguard/herdguard/policy"
 )
 
@@ -409,5 +410,171 @@ func TestHungCallsStillCount(t *testing.T) {
 				t.Errorf("after 5 hung calls: %v, want the breaker open", err)
 			}
 		})
+	}
+}
+
+// dyingServer answers every attempt until Kill, then refuses every one
+// (Unavailable) until Revive, and records when each attempt came.
+type dyingServer struct {
+	*testserver.Server
+	mu       sync.Mutex
+	dead     bool
+	attempts []time.Time // of the attempts that came while dead
+}
+
+func startDying(t *testing.T) *dyingServer {
+	d := &dyingServer{}
+	d.Server = testserver.Start(t, &testserver.Server{NoRecord: true, Unary: func(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.dead {
+			d.attempts = append(d.attempts, time.Now())
+			return nil, status.Error(codes.Unavailable, "backend gone")
+		}
+		return &testgrpc.SimpleResponse{}, nil
+	}})
+	return d
+}
+
+func (d *dyingServer) set(dead bool) {
+	d.mu.Lock()
+	d.dead = dead
+	d.mu.Unlock()
+}
+
+// openLoopAt is openLoop that also reports when each call started, and
+// runs at(i) before starting call i.
+func openLoopAt(c testgrpc.TestServiceClient, rate float64, n int, deadline time.Duration, at func(i int)) (errs []error, started []time.Time, took []time.Duration) {
+	errs, started, took = make([]error, n), make([]time.Time, n), make([]time.Duration, n)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i := range n {
+		time.Sleep(time.Until(t0.Add(time.Duration(float64(i) * float64(time.Second) / rate))))
+		at(i)
+		started[i] = time.Now()
+		wg.Go(func() {
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if deadline > 0 {
+				ctx, cancel = context.WithTimeout(ctx, deadline)
+			}
+			defer cancel()
+			_, errs[i] = c.UnaryCall(ctx, &testgrpc.SimpleRequest{})
+			took[i] = time.Since(started[i])
+		})
+	}
+	wg.Wait()
+	return errs, started, took
+}
+
+// TestNoHarmServerDiesAfterAnswering: the storm lab's dead server. It
+// answers 300 calls a second (2 s deadlines, policy.Default) for 2 s, then
+// refuses every attempt for 4 s, then answers again. Calls started once it
+// has refused everything for 1 s fail at once (median under 50 ms; retries
+// alone wait through their backoff, about 150 ms), at most 25 attempts a
+// second reach it while it is dead, and calls started 500 ms after it
+// answers again are all ok. The calls of the second before the controller
+// judges it down (DownAfter, 2 s) wait in its line: a server that
+// refuses everything for a second may be a collapsed one that recovers
+// once left alone (the storm lab's outage). Before, the controller held
+// every call to its deadline (median 2 s), and the breaker, which never
+// heard of a held call, never opened.
+func TestNoHarmServerDiesAfterAnswering(t *testing.T) {
+	const rate, alive, dead, after = 300, 2 * time.Second, 4 * time.Second, time.Second
+	n := int(rate * (alive + dead + after).Seconds())
+	median := map[string]time.Duration{}
+	for _, st := range []struct {
+		name string
+		opts []Option
+	}{
+		{"retries alone", retriesAlone(policy.Default())},
+		{"defaults", []Option{WithPolicy(policy.Default())}},
+	} {
+		srv := startDying(t)
+		ic, err := New(st.opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var died, revived time.Time
+		errs, started, took := openLoopAt(srv.Client(t, ic.DialOptions()...), rate, n, 2*time.Second, func(i int) {
+			switch i {
+			case int(rate * alive.Seconds()):
+				srv.set(true)
+				died = time.Now()
+			case int(rate * (alive + dead).Seconds()):
+				srv.set(false)
+				revived = time.Now()
+			}
+		})
+		var fails []time.Duration
+		var late []int
+		for i := range n {
+			switch {
+			case started[i].After(died.Add(time.Second)) && started[i].Before(revived):
+				fails = append(fails, took[i])
+			case started[i].After(revived.Add(500*time.Millisecond)) && errs[i] != nil:
+				late = append(late, i)
+			}
+		}
+		slices.Sort(fails)
+		median[st.name] = fails[len(fails)/2]
+		srv.mu.Lock()
+		perSecond := float64(len(srv.attempts)) / dead.Seconds()
+		srv.mu.Unlock()
+		t.Logf("%s: calls started 1 s into the death: median %v; %.0f attempts/s while dead; %d calls failed 500 ms after the revival",
+			st.name, median[st.name], perSecond, len(late))
+		if st.name != "defaults" {
+			continue
+		}
+		if median[st.name] > 50*time.Millisecond {
+			t.Errorf("defaults: calls started once the server had refused everything for 1 s took %v (median), want under 50 ms", median[st.name])
+		}
+		if perSecond > 25 {
+			t.Errorf("defaults: %.0f attempts/s reached the dead server, want at most 25", perSecond)
+		}
+		if len(late) > 0 {
+			t.Errorf("defaults: %d calls started 500 ms after the server answered again failed, the first %v", len(late), errs[late[0]])
+		}
+	}
+	if median["retries alone"] <= 50*time.Millisecond {
+		t.Errorf("control: retries alone's median failed call took %v: the test cannot tell failing at once from waiting through backoff", median["retries alone"])
+	}
+}
+
+// TestNoHarmServerDiesWithoutDeadlines: calls without a deadline, 300 a
+// second for 2 s, to a server that refuses every attempt from the 1 s
+// mark on. Every call returns: those started once the controller judged
+// the server down at once, those it held before at the latest MaxWait
+// after they started. Before, the controller held them for good.
+func TestNoHarmServerDiesWithoutDeadlines(t *testing.T) {
+	const rate = 300
+	srv := startDying(t)
+	ic, err := New(WithPolicy(policy.Default()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	done := make(chan struct{})
+	var errs []error
+	var took []time.Duration
+	go func() {
+		defer close(done)
+		errs, _, took = openLoopAt(c, rate, 2*rate, 0, func(i int) {
+			if i == rate {
+				srv.set(true)
+			}
+		})
+	}()
+	limit := 2*time.Second + overload.DefaultMaxWait + 2*time.Second
+	select {
+	case <-done:
+	case <-time.After(limit):
+		t.Fatalf("calls without a deadline had not all returned %v after the first started", limit)
+	}
+	slices.Sort(took)
+	if okCount(errs) < rate*9/10 {
+		t.Errorf("%d calls ok, want the %d the server answered, less 10 %%", okCount(errs), rate)
+	}
+	if longest := took[len(took)-1]; longest > overload.DefaultMaxWait+time.Second {
+		t.Errorf("the longest call took %v, want at most MaxWait (%v) and a second", longest, overload.DefaultMaxWait)
 	}
 }

@@ -293,18 +293,20 @@ func (c *unaryCall) call(ctx context.Context, maxAttempts int) error {
 // an attempt was in flight says the server did not answer in time, and the
 // breaker's Verdict (by default herdguard.BreakerVerdict's table) judges the
 // call's error as it judges any other. A call that failed while the
-// target's overload controller (ctl, nil: none) paces a server that still
-// answers some attempts says nothing either: that is an overload, which the
-// controller holds attempts back for, and a breaker that opened on the
-// same refusals would hold the callers off through the recovery. While the
-// server answers nothing at all, failed calls count: a server that is gone
-// opens the breaker, and callers fail fast.
+// target's overload controller (ctl, nil: none) paces says nothing either:
+// a server that refuses for load, or refuses everything, is the
+// controller's to judge (it holds attempts back, probes, and fails calls at
+// once with ErrDown once the server is down); a breaker that opened on the
+// same refusals would hold the callers off through the recovery the
+// controller's probes find. A server whose process is gone refuses
+// nothing: its attempts never reach it, the controller hears nothing, and
+// the breaker opens on the failed calls.
 func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, err error, idle bool) herdguard.Verdict {
 	if err == nil {
 		return herdguard.Success
 	}
-	if ctl != nil && ctl.Answering() {
-		return herdguard.Ignored // an overload the controller paces, not a server gone
+	if ctl != nil && ctl.Pacing() {
+		return herdguard.Ignored
 	}
 	switch ctx.Err() {
 	case nil:

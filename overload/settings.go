@@ -51,10 +51,13 @@ type Settings struct {
 	Headroom float64
 	// DownAfter is how long a server may refuse every attempt while the
 	// controller holds attempts back before it is down: holding back has
-	// not helped, so held attempts and new ones fail at once with their
-	// last status (and the circuit breaker counts them), but for a probe
-	// now and then, until the server answers. A server that only times
-	// out is slow, not down. 0 means DefaultDownAfter (2s).
+	// not helped, so new attempts fail at once (ErrDown, with the call's
+	// last status), but for a probe now and then, until the server
+	// answers; attempts already waiting keep their place. A server that
+	// only times out is slow, not down. Shorter fails callers sooner; a
+	// server that collapsed and recovers once left alone refuses
+	// everything for a while too, and its callers would fail instead of
+	// being held for the recovery. 0 means DefaultDownAfter (2s).
 	DownAfter time.Duration
 	// MaxWait is the longest an attempt without a deadline waits in the
 	// controller's line; one with a deadline never waits past it. 0 means

@@ -89,8 +89,8 @@
 //  11. Calm. Calm Intervals in a row (no refusal beyond the own share,
 //     nobody waiting, fewer attempts than half the rate) end the pacing.
 //     (TestCalm)
-//  12. Down, and bounds. A collapsed target that refused every probe for
-//     DownAfter, and at least DownAfter/Interval probes, is down: an
+//  12. Down, and bounds. A collapsed target that refused every attempt
+//     for DownAfter, MinFailures probes at least, is down: an
 //     attempt that comes fails at once ([ErrDown]) but for a probe now and
 //     then; an answer ends it. Attempts already waiting keep their place: a
 //     client cannot tell a fleet's short recovery it missed from a target

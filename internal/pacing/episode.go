@@ -95,7 +95,6 @@ func (c *Controller) setRateLocked(now time.Time, rate float64) {
 	c.ep.rate = rate
 	c.ep.tokens = 0
 	c.ep.collapsed = rate < c.probeRate()
-	c.collapsed.Store(c.ep.collapsed)
 	if c.ep.collapsed {
 		c.ep.rate = 0
 		c.ep.probeAt = now.Add(c.probeGap(c.s.Rand())) // the first within a mean gap
@@ -145,7 +144,6 @@ func (c *Controller) restartLocked(now time.Time) {
 	ep.holdTill = now.Add(c.s.Hold)
 	c.setRateLocked(now, max(ep.target, c.probeRate()))
 	ep.collapsed, ep.tried, ep.stepped = false, true, 1
-	c.collapsed.Store(false)
 	c.serveLocked(now)
 }
 
@@ -162,7 +160,7 @@ func (c *Controller) refusedLocked(now time.Time, late bool) {
 	}
 	if ep.collapsed && !late {
 		ep.probesRefused++
-		if now.Sub(ep.spell) >= c.s.DownAfter && ep.probesRefused >= int(c.s.DownAfter/c.s.Interval) { // rule 12
+		if now.Sub(ep.spell) >= c.s.DownAfter && ep.probesRefused >= c.s.MinFailures { // rule 12
 			ep.down = true
 		}
 	}
@@ -300,7 +298,6 @@ func (c *Controller) growLocked(now time.Time) {
 // endLocked ends the pacing: the line is let go and attempts go at once.
 func (c *Controller) endLocked() {
 	c.pacing.Store(false)
-	c.collapsed.Store(false)
 	c.ep.down = false
 	for _, w := range c.line {
 		c.grantLocked(w, nil)

@@ -175,12 +175,6 @@ func New(s overload.Settings, env Env) (*Controller, error) {
 // shown it is overloaded. It takes no lock.
 func (c *Controller) Pacing() bool { return c.pacing.Load() }
 
-// Answering reports whether the controller paces a server that still
-// answers some attempts: it holds attempts to a rate, the server is
-// overloaded, not gone. It is false when calm, and while the server
-// answers nothing (probes only). It takes no lock.
-func (c *Controller) Answering() bool { return c.pacing.Load() && !c.collapsed.Load() }
-
 // Sent reports an attempt sent without asking Acquire because Pacing
 // reported false: one atomic load and one atomic add. The refusals that may
 // start the pacing are judged against the attempts sent, not only those
