@@ -90,7 +90,8 @@
 //     nobody waiting, fewer attempts than half the rate) end the pacing.
 //     (TestCalm)
 //  12. Down, and bounds. A collapsed target that refused every attempt
-//     for DownAfter, MinFailures probes at least, is down: an
+//     for DownAfter, and half the probes that DownAfter holds at one per
+//     Interval, is down: an
 //     attempt that comes fails at once ([ErrDown]) but for a probe now and
 //     then; an answer ends it. Attempts already waiting keep their place: a
 //     client cannot tell a fleet's short recovery it missed from a target

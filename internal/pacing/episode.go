@@ -160,7 +160,7 @@ func (c *Controller) refusedLocked(now time.Time, late bool) {
 	}
 	if ep.collapsed && !late {
 		ep.probesRefused++
-		if now.Sub(ep.spell) >= c.s.DownAfter && ep.probesRefused >= c.s.MinFailures { // rule 12
+		if now.Sub(ep.spell) >= c.s.DownAfter && ep.probesRefused >= int(c.s.DownAfter/(2*c.s.Interval)) { // rule 12
 			ep.down = true
 		}
 	}

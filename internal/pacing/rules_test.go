@@ -543,8 +543,8 @@ func TestCalm(t *testing.T) {
 	}
 }
 
-// Rule 12: a server that refused every attempt for DownAfter, MinFailures
-// probes at least, is down: new attempts fail at once but for a
+// Rule 12: a server that refused every attempt for DownAfter, and
+// DownAfter/(2×Interval) probes, is down: new attempts fail at once but for a
 // probe now and then; the waiting keep their place; an answer ends it. A
 // wait never outlasts its deadline, nor MaxWait without one.
 func TestDownAndBounds(t *testing.T) {
