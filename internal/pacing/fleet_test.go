@@ -1,0 +1,101 @@
+package pacing
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/herdguard/herdguard/overload"
+)
+
+// TestFleets runs the storm lab's scenarios on the simulator (one seed,
+// so the figures are exact), offered by 1 to 100 clients, each with its
+// own controller, and pins herdguard's calls ok: where the target
+// is met, at the target; where it is not yet (the sticky cut and the
+// herds from 40 clients on, a server failing 80 % on its own from 10),
+// at today's figure less half a point, and never below no retries.
+// docs/stormlab.md has the same scenarios over gRPC.
+func TestFleets(t *testing.T) {
+	byName := map[string]scenario{}
+	for _, sc := range scenarios() {
+		byName[sc.name] = sc
+	}
+	for _, tt := range []struct {
+		scenario string
+		n        int
+		least    float64 // calls ok, %
+	}{
+		{"cut", 1, 96}, {"cut", 10, 95}, {"cut", 40, 90}, {"cut", 100, 84.5}, // target 90
+		{"outage", 1, 99}, {"outage", 10, 98.5}, {"outage", 40, 96}, {"outage", 100, 91.5},
+		{"gentle", 1, 95.8}, {"gentle", 10, 95.8}, {"gentle", 40, 95.8}, {"gentle", 100, 95.8}, // retries alone less 0.5
+		{"herd20", 1, 100}, {"herd20", 10, 100}, {"herd20", 40, 87.5}, {"herd20", 100, 80}, // target 99.5
+		{"herd80", 1, 100}, {"herd80", 10, 100}, {"herd80", 40, 100}, {"herd80", 100, 99.5},
+		{"herd320", 1, 100}, {"herd320", 10, 100}, {"herd320", 40, 100}, {"herd320", 100, 93}, // target 99.5
+		{"p0.5", 1, 86.6}, {"p0.5", 40, 86}, {"p0.5", 100, 82}, // retries alone 87.6
+		{"p0.67", 1, 68.3}, {"p0.67", 40, 65}, {"p0.67", 100, 62}, // retries alone 69.3
+		{"p0.8", 1, 47.9}, {"p0.8", 10, 41}, {"p0.8", 40, 37}, {"p0.8", 100, 35}, // retries alone 48.9
+		{"dead", 1, 58.5}, {"dead", 10, 58.5}, {"dead", 40, 71}, {"dead", 100, 69}, // no retries 60
+	} {
+		t.Run(fmt.Sprintf("%s/N=%d", tt.scenario, tt.n), func(t *testing.T) {
+			sc := byName[tt.scenario]
+			hg := runStrategy(sc, tt.n, "herdguard", 1)
+			none := runStrategy(sc, tt.n, "none", 1)
+			got, floor := pct(hg), pct(none)
+			if got < tt.least {
+				t.Errorf("%d clients: %.1f %% of calls ok, want at least %.1f (%v)", tt.n, got, tt.least, hg)
+			}
+			if got < floor-2 {
+				t.Errorf("%d clients: %.1f %% of calls ok, below no retries' %.1f", tt.n, got, floor)
+			}
+		})
+	}
+}
+
+// TestFleetsFailFastWhenDead: one client fails the calls started once
+// the dead server had refused everything for 1 s in a median of at most
+// 50 ms, and sends it at most 25 attempts a second while dead. A fleet's
+// clients each see too few refusals to judge it down within its 4 s
+// death: they hold their calls to their deadlines (and so get more calls
+// through at its return than no retries), and send it less than no
+// retries would.
+func TestFleetsFailFastWhenDead(t *testing.T) {
+	var sc scenario
+	for _, s := range scenarios() {
+		if s.name == "dead" {
+			sc = s
+		}
+	}
+	dead := sc.srv().(*flaky)
+	for _, n := range []int{1, 10, 40, 100} {
+		f := newFleet(1, n, sc.srv(), sc.l, &overload.Settings{}).run()
+		var took []time.Duration
+		for _, c := range f.calls {
+			if !c.ok && c.start >= dead.deadFrom+time.Second && c.start < dead.deadFrom+dead.deadFor {
+				took = append(took, c.end-c.start)
+			}
+		}
+		slices.Sort(took)
+		attempts := 0
+		for tenth := dead.deadFrom / (10 * time.Millisecond); tenth < (dead.deadFrom+dead.deadFor)/(10*time.Millisecond); tenth++ {
+			if int(tenth) < len(f.perTenth) {
+				attempts += f.perTenth[tenth]
+			}
+		}
+		perSecond := float64(attempts) / dead.deadFor.Seconds()
+		if n == 1 {
+			if p50 := took[len(took)/2]; p50 > 50*time.Millisecond {
+				t.Errorf("one client: calls started 1 s into the death failed in %v (median), want at most 50 ms", p50)
+			}
+			if perSecond > 25 {
+				t.Errorf("one client: %.0f attempts/s reached the dead server, want at most 25", perSecond)
+			}
+			continue
+		}
+		if perSecond > sc.l.rate {
+			t.Errorf("%d clients: %.0f attempts/s reached the dead server, more than no retries' %v", n, perSecond, sc.l.rate)
+		}
+	}
+}
+
+func pct(r result) float64 { return 100 * float64(r.ok) / float64(r.calls) }
