@@ -103,7 +103,12 @@ func overloaded(t *testing.T, n int, opts ...Option) (*fakeClock, grpc_testing.T
 			t.Fatalf("scripted answer: %v", err)
 		}
 	}
-	clk.Advance(overload.DefaultInterval) // the answers are in a calm interval of their own
+	// The answers are counted in a calm Interval of their own, which the
+	// first refusal, a Window later, finds leaving the Window: the server
+	// fails nothing on its own.
+	clk.Advance(overload.DefaultInterval)
+	ic.controllerFor(testserver.Target).State()
+	clk.Advance(10 * overload.DefaultInterval)
 	for range n {
 		if err := call(t, c); status.Code(err) != codes.Unavailable {
 			t.Fatalf("scripted failure: %v", err)

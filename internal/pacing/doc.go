@@ -37,9 +37,12 @@
 //     cannot serve. The rate becomes Headroom of the answers per Interval
 //     the evidence shows. (TestOverload)
 //  3. Own share. The share of attempts the target fails on its own is
-//     learnt from the Intervals that show no overload, over some 5 s, and
-//     from rule 4. What this client's traffic gets per Interval is learnt
-//     while the target keeps up with it. (TestOwnShare)
+//     learnt, over some 5 s, from each Interval once it is a Window old,
+//     if no pacing began since it began: the refusals that start an
+//     overload come before the pacing they start, and are not the
+//     target's own. A higher share is learnt by rule 4. What this client's
+//     traffic gets per Interval is learnt over a Window with no refusal
+//     beyond that share, while the target keeps up with it. (TestOwnShare)
 //  4. Independence. Holding back must help: a sample of MinFailures
 //     refusals while pacing that the own share explains, or that, sent at
 //     no more than Headroom of the rate the evidence of rule 2 was sent

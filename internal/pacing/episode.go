@@ -74,6 +74,7 @@ func (c *Controller) perInterval(n float64, d time.Duration) float64 {
 func (c *Controller) beginLocked(now time.Time, e counts, span time.Duration) {
 	c.pacing.Store(true)
 	c.stats.episodes.Add(1)
+	c.lastPaced = now
 	var took float64
 	for k := range buckets {
 		took = max(took, c.ev.last(k).answered)
@@ -298,6 +299,7 @@ func (c *Controller) growLocked(now time.Time) {
 // endLocked ends the pacing: the line is let go and attempts go at once.
 func (c *Controller) endLocked() {
 	c.pacing.Store(false)
+	c.lastPaced = c.s.Now()
 	c.ep.down = false
 	for _, w := range c.line {
 		c.grantLocked(w, nil)

@@ -38,22 +38,19 @@ type evidence struct {
 	i     int // the current bucket
 }
 
-// advance ends the buckets whose Interval is over by now, and reports how
-// many ended (at most one more than the ring holds).
-func (e *evidence) advance(now time.Time, iv time.Duration) int {
-	ended := 0
-	for now.Sub(e.start) >= iv {
-		if ended == buckets { // the whole ring is over: start afresh
-			e.b = [buckets]counts{}
-			e.start = e.start.Add(now.Sub(e.start) / iv * iv)
-			return ended + 1
-		}
-		e.i = (e.i + 1) % buckets
-		e.b[e.i] = counts{}
-		e.start = e.start.Add(iv)
-		ended++
-	}
-	return ended
+// step ends the current bucket's Interval: the oldest bucket is dropped
+// and a new one begins.
+func (e *evidence) step(iv time.Duration) {
+	e.i = (e.i + 1) % buckets
+	e.b[e.i] = counts{}
+	e.start = e.start.Add(iv)
+}
+
+// restart empties the ring, its current bucket the Interval now falls in:
+// a whole Window passed with nothing counted.
+func (e *evidence) restart(now time.Time, iv time.Duration) {
+	e.b = [buckets]counts{}
+	e.start = e.start.Add(now.Sub(e.start) / iv * iv)
 }
 
 func (e *evidence) cur() *counts { return &e.b[e.i] }
@@ -61,18 +58,19 @@ func (e *evidence) cur() *counts { return &e.b[e.i] }
 // last returns the bucket k Intervals back (0: the current one).
 func (e *evidence) last(k int) counts { return e.b[(e.i-k+buckets)%buckets] }
 
-// holding returns the counts of the fewest recent buckets, the current one
-// first, that hold at least refused refusals, and false when the whole
-// Window holds fewer, with how many buckets they are: the evidence of a client that sends much is its last
+// holding returns the counts of the fewest buckets, from the one from
+// Intervals back (0: the current one) back in time, that hold at least
+// refused refusals, and false when the Window holds fewer, with how many
+// buckets they are: the evidence of a client that sends much is its last
 // Interval, and of one that sends little its last second.
-func (e *evidence) holding(refused float64) (c counts, k int, ok bool) {
-	for k = range buckets {
-		c.add(e.last(k))
+func (e *evidence) holding(refused float64, from int) (c counts, k int, ok bool) {
+	for k = range buckets - from {
+		c.add(e.last(from + k))
 		if c.refused >= refused {
 			return c, k + 1, true
 		}
 	}
-	return c, buckets, false
+	return c, buckets - from, false
 }
 
 // total returns the counts of the whole Window.

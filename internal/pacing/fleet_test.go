@@ -12,9 +12,10 @@ import (
 // TestFleets runs the storm lab's scenarios on the simulator (one seed,
 // so the figures are exact), offered by 1 to 100 clients, each with its
 // own controller, and pins herdguard's calls ok: where the target
-// is met, at the target; where it is not yet (the sticky cut and the
-// herds from 40 clients on, a server failing 80 % on its own from 10),
-// at today's figure less half a point, and never below no retries.
+// is met, at the target; where it is not yet (the C=20 and C=320 herds
+// from 40 clients on, the partial failures from 40), at today's figure
+// less half a point, and never below no retries (less 2 points: the dead
+// server's calls that came back as it did).
 // docs/stormlab.md has the same scenarios over gRPC.
 func TestFleets(t *testing.T) {
 	byName := map[string]scenario{}
@@ -26,16 +27,16 @@ func TestFleets(t *testing.T) {
 		n        int
 		least    float64 // calls ok, %
 	}{
-		{"cut", 1, 96}, {"cut", 10, 95}, {"cut", 40, 90}, {"cut", 100, 84.5}, // target 90
-		{"outage", 1, 99}, {"outage", 10, 98.5}, {"outage", 40, 96}, {"outage", 100, 91.5},
+		{"cut", 1, 96}, {"cut", 10, 95}, {"cut", 40, 90}, {"cut", 100, 90},
+		{"outage", 1, 99}, {"outage", 10, 98.5}, {"outage", 40, 98}, {"outage", 100, 96},
 		{"gentle", 1, 95.8}, {"gentle", 10, 95.8}, {"gentle", 40, 95.8}, {"gentle", 100, 95.8}, // retries alone less 0.5
 		{"herd20", 1, 100}, {"herd20", 10, 100}, {"herd20", 40, 87.5}, {"herd20", 100, 80}, // target 99.5
 		{"herd80", 1, 100}, {"herd80", 10, 100}, {"herd80", 40, 100}, {"herd80", 100, 99.5},
 		{"herd320", 1, 100}, {"herd320", 10, 100}, {"herd320", 40, 100}, {"herd320", 100, 93}, // target 99.5
-		{"p0.5", 1, 86.6}, {"p0.5", 40, 86}, {"p0.5", 100, 82}, // retries alone 87.6
-		{"p0.67", 1, 68.3}, {"p0.67", 40, 65}, {"p0.67", 100, 62}, // retries alone 69.3
-		{"p0.8", 1, 47.9}, {"p0.8", 10, 41}, {"p0.8", 40, 37}, {"p0.8", 100, 35}, // retries alone 48.9
-		{"dead", 1, 58.5}, {"dead", 10, 58.5}, {"dead", 40, 71}, {"dead", 100, 69}, // no retries 60
+		{"p0.5", 1, 86.6}, {"p0.5", 40, 81.5}, {"p0.5", 100, 82.3}, // retries alone 87.6
+		{"p0.67", 1, 68.3}, {"p0.67", 40, 61.2}, {"p0.67", 100, 58}, // retries alone 69.3
+		{"p0.8", 1, 47.9}, {"p0.8", 10, 46.5}, {"p0.8", 40, 33.1}, {"p0.8", 100, 32.5}, // retries alone 48.9
+		{"dead", 1, 58.5}, {"dead", 10, 58}, {"dead", 40, 76}, {"dead", 100, 71.5}, // no retries 60
 	} {
 		t.Run(fmt.Sprintf("%s/N=%d", tt.scenario, tt.n), func(t *testing.T) {
 			sc := byName[tt.scenario]

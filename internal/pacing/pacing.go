@@ -139,6 +139,7 @@ type Controller struct {
 	runSent   float64   // attempts in flight at that answer, and sent since
 	inflight  float64   // attempts sent and not yet ended
 	ep        episode   // the current episode of pacing, or the last one
+	lastPaced time.Time // when the controller last paced (its last episode began or ended)
 	line      []*waiter // newest last; by deadline while edf
 	edf       bool      // the line is in deadline order
 	timer     lineTimer // serves the line
@@ -263,12 +264,24 @@ func (c *Controller) Done(o Outcome, took time.Duration) {
 }
 
 // foldLocked moves the controller's time to now: it ends the Intervals
-// that are over (the episode's rules run at the end of each) and folds
-// the calm path's counts into the evidence, spread over the time since
-// they were last folded.
+// that are over, each Interval's bucket learnt from as it leaves the
+// Window (rule 3), folds the calm path's counts into the evidence, spread
+// over the time since they were last folded, and runs the episode's rules
+// at the end of each Interval.
 func (c *Controller) foldLocked(now time.Time) {
 	iv := c.s.Interval
-	ended := c.ev.advance(now, iv)
+	ended := 0
+	for now.Sub(c.ev.start) >= iv {
+		if ended == buckets { // a whole Window more, every bucket learnt from
+			c.ev.restart(now, iv)
+			break
+		}
+		if !c.pacing.Load() {
+			c.learnOwnLocked(c.intervals + ended)
+		}
+		c.ev.step(iv)
+		ended++
+	}
 	sent, ok, gone := c.calmSent.Swap(0), c.calmOK.Swap(0), c.calmGone.Swap(0)
 	if sent > 0 || ok > 0 {
 		c.ev.spread(counts{asked: float64(sent), sent: float64(sent), answered: float64(ok)}, c.folded, now, iv)
@@ -286,12 +299,12 @@ func (c *Controller) foldLocked(now time.Time) {
 	}
 	c.intervals = min(c.intervals+ended, buckets)
 	if c.pacing.Load() {
-		for k := min(ended, buckets); k > 0 && c.pacing.Load(); k-- {
+		for k := ended; k > 0 && c.pacing.Load(); k-- {
 			c.intervalLocked(c.ev.last(k), now)
 		}
 		return
 	}
-	c.learnLocked(min(ended, buckets))
+	c.learnKnownLocked()
 	if c.queuing() {
 		c.beginLocked(now, c.ev.total(), buckets*c.s.Interval)
 	}
@@ -309,26 +322,30 @@ func (c *Controller) queuing() bool {
 	return c.intervals >= buckets && t.sent-ended > max(last, float64(c.s.MinFailures)) && ended < keptUp*t.sent
 }
 
-// learnLocked learns, while calm, what the last ended Intervals tell of
-// the server: the share of attempts it fails on its own (rule 3) and the
-// answers per Interval this client's traffic gets (rule 5).
-func (c *Controller) learnLocked(ended int) {
-	for k := ended; k > 0; k-- {
-		b := c.ev.last(k)
-		c.baseR, c.baseN = c.baseR*memory, c.baseN*memory
-		if n := b.answered + b.refused; n > 0 && !c.overloaded(b) {
-			c.baseR += b.refused
-			c.baseN += n
-		}
+// learnOwnLocked learns, while calm, the share of attempts the server
+// fails on its own from the Window's oldest bucket as it leaves it (lived
+// Intervals since New), if no pacing began since that bucket began (rule
+// 3): the refusals that start an overload come before the pacing they
+// start, and are not the server's own.
+func (c *Controller) learnOwnLocked(lived int) {
+	c.baseR, c.baseN = c.baseR*memory, c.baseN*memory
+	began := c.ev.start.Add(-(buckets - 1) * c.s.Interval)
+	if b := c.ev.last(buckets - 1); lived >= buckets-1 && c.lastPaced.Before(began) {
+		c.baseR += b.refused
+		c.baseN += b.answered + b.refused
 	}
 	if c.baseN > 0 {
 		c.base = c.baseR / c.baseN
 	}
-	// What this client's traffic gets, learnt while the server keeps up
-	// with it: a server that answers less than it is sent, refusing
-	// nothing, queues, and its answers then tell its capacity, not what
-	// it took before the overload.
-	if t := c.ev.total(); c.intervals > 1 && !c.overloaded(t) && t.answered+t.refused >= keptUp*t.sent {
+}
+
+// learnKnownLocked learns, while calm, the answers per Interval this
+// client's traffic gets (rule 3), over a Window that shows no refusal
+// beyond the server's own share and a server that keeps up: one that
+// answers less than it is sent, refusing nothing, queues, and its answers
+// then tell its capacity, not what it took before the overload.
+func (c *Controller) learnKnownLocked() {
+	if t := c.ev.total(); c.intervals > 1 && !c.aboveOwn(t) && t.answered+t.refused >= keptUp*t.sent {
 		c.known = (t.answered - c.ev.cur().answered) / float64(c.intervals-1)
 	}
 }
@@ -381,7 +398,7 @@ func (c *Controller) judgeCalmLocked(now time.Time) {
 	if c.intervals == 0 && c.ev.total().outcomes() < freshAttempts*float64(c.s.MinFailures) {
 		return // too little evidence yet: less than an Interval's, and few attempts
 	}
-	e, k, ok := c.ev.holding(float64(c.s.MinFailures))
+	e, k, ok := c.ev.holding(float64(c.s.MinFailures), 0)
 	if k == 1 && now.Sub(c.ev.start) < c.s.Interval/2 { // at least an Interval's evidence
 		e.add(c.ev.last(1))
 		k = 2

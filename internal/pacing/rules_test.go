@@ -392,14 +392,15 @@ func TestCollapseAndProbes(t *testing.T) {
 			r.calm(1)
 			r.advance(overload.DefaultInterval * 5 / 3)
 		}
-		// Little learnt: the run must be unlikely at FailureRatio too.
-		r.outcomes(Overloaded, overload.DefaultMinFailures)
-		if r.c.ep.collapsed {
-			t.Fatalf("collapsed after a run of %d, with 10 answers learnt", overload.DefaultMinFailures)
+		// Little learnt: the run must be unlikely at FailureRatio too,
+		// 14 at most (0.5¹⁴ < 10⁻⁴), more than MinFailures.
+		run := 0
+		for run < 20 && !r.c.ep.collapsed {
+			r.outcomes(Overloaded, 1)
+			run++
 		}
-		r.outcomes(Overloaded, 5)
-		if !r.c.ep.collapsed {
-			t.Fatal("not collapsed after a run of 10")
+		if run <= overload.DefaultMinFailures || run > 14 {
+			t.Fatalf("collapsed after a run of %d, with 10 answers in 1.7 s; want more than %d, at most 14", run, overload.DefaultMinFailures)
 		}
 		if got := r.rate(); got >= 0.5 || got < 1.0/probeFloor {
 			t.Errorf("a client whose traffic got 0.6 an Interval probes %v an Interval, want a quarter of that, at least 1/%d", got, probeFloor)
