@@ -86,6 +86,12 @@ type RetryError struct {
 	Outcome Outcome
 	// Err is the last attempt's error.
 	Err error
+	// Overloaded is true for a call whose attempts ran out
+	// (OutcomeExhausted) while the overload controller paced the target:
+	// the server was judged overloaded, so retrying the call from further
+	// up would add to its load. Package mesh says "don't retry" above on
+	// it, and not on an exhausted call without it.
+	Overloaded bool
 }
 
 // Error says why the retries stopped and quotes the last attempt's error.

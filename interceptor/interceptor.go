@@ -233,6 +233,16 @@ func (ic *Interceptor) Retries(method string, code codes.Code) bool {
 	return p.p.MaxAttempts > 1 && p.retryableCode(code)
 }
 
+// Overloaded reports whether ic's overload controller for target (a
+// ClientConn's Target()) paces its calls: the server has shown overload,
+// and calls to it are held back. It is false without overload control.
+// The mesh package's client half asks it before saying "don't retry" to
+// the layer above for a call a retry above limited to one attempt.
+func (ic *Interceptor) Overloaded(target string) bool {
+	ctl := ic.controllerFor(target)
+	return ctl != nil && ctl.Pacing()
+}
+
 // Breakers returns the interceptor's circuit breakers, or nil when it has
 // none (WithoutBreaker).
 func (ic *Interceptor) Breakers() *breaker.Group { return ic.breakers }

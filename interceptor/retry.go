@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/pacing"
 	"github.com/herdguard/herdguard/internal/wire"
 
 	"go.opentelemetry.io/otel/trace"
@@ -25,6 +26,7 @@ type backoffState struct {
 	// unsafe is true when only attempts that never reached the server may
 	// be repeated (WithIdempotentOnly, and the method is not idempotent).
 	unsafe bool
+	ctl    *pacing.Controller // the target's overload controller; nil when off
 }
 
 // attemptEnd is what a failed attempt tells the retry decision.
@@ -120,7 +122,9 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 	}
 	throttled := !bs.throttleFailure() // every retryable failure takes a token
 	if e.n >= maxAttempts {
-		return stop(OutcomeExhausted, e.n, e.err)
+		d := stop(OutcomeExhausted, e.n, e.err)
+		d.err.(*RetryError).Overloaded = bs.ctl != nil && bs.ctl.Pacing()
+		return d
 	}
 	if throttled {
 		return ic.refuse(ctx, bs, "throttling", e)

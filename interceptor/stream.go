@@ -183,6 +183,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	}
 	s.bs.method, s.bs.lim, s.bs.timer = method, ic.limitsFor(target), &s.waitTimer
 	s.ctl = ic.controllerFor(target)
+	s.bs.ctl = s.ctl
 	s.bs.unsafe = ic.idempotentOnly && !ic.safeToRetry(method)
 	s.ctx = ic.withIdempotencyKey(s.ctx)
 	if p.hedged() {

@@ -327,7 +327,7 @@ func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, err 
 // call's error. It sets c.attempts, c.outcome and c.idle.
 func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	var (
-		bs      = backoffState{timer: &c.buf.timer, method: c.method, lim: c.lim, unsafe: c.unsafe}
+		bs      = backoffState{timer: &c.buf.timer, method: c.method, lim: c.lim, unsafe: c.unsafe, ctl: c.ctl}
 		numbers retryNumbers
 	)
 	bs.started()

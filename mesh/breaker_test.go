@@ -18,7 +18,7 @@ import (
 )
 
 // TestUpperBreakerIgnoresGiveUpsBelow: a layer above a tier whose calls
-// below give up does not open its breaker on the tier's "don't retry"
+// below give up (its breaker is open) does not open its breaker on the tier's "don't retry"
 // answers, unary or stream, retried, hedged (with a non-fatal code, or
 // every code fatal) or sent once (the answer comes to the last attempt):
 // the tier's layer already retried and judged. The control, the same
@@ -34,12 +34,13 @@ func TestUpperBreakerIgnoresGiveUpsBelow(t *testing.T) {
 			l := &leaf{answer: unavailable, stream: func(grpc.ServerStreamingServer[demov1.ListChargesResponse], int64) error {
 				return unavailable(context.Background(), 0)
 			}}
-			below := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+			below := openingBreaker(t)
 			dopts, sopts := below.DialOptions(), []grpc.ServerOption(nil)
 			if tt.withMesh {
 				dopts, sopts = mesh.DialOptions(below), mesh.ServerOptions()
 			}
 			mid := serve(t, &tier{next: dial(t, serve(t, l), dopts...)}, sopts...)
+			_, _ = plain(t, mid).Charge(context.Background(), &demov1.ChargeRequest{}) // opens the breaker below
 			hedged := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour, NonFatalCodes: []codes.Code{codes.Unavailable}}}
 			hedgedFatal := policy.Policy{Hedging: policy.Hedging{MaxAttempts: 3, Delay: time.Hour}}
 			for _, c := range []struct {
@@ -80,7 +81,7 @@ func TestUpperBreakerIgnoresGiveUpsBelow(t *testing.T) {
 }
 
 // TestUpperOverloadIgnoresGiveUpsBelow: a layer above a tier whose calls
-// below give up does not take the tier's "don't retry" answers for
+// below give up (its breaker is open) does not take the tier's "don't retry" answers for
 // overload, unary or stream, retried, hedged or sent once: its controller
 // never sheds, where the control, the same tier without the package, soon
 // has the same controller shed.
@@ -89,12 +90,13 @@ func TestUpperOverloadIgnoresGiveUpsBelow(t *testing.T) {
 		l := &leaf{answer: unavailable, stream: func(grpc.ServerStreamingServer[demov1.ListChargesResponse], int64) error {
 			return unavailable(context.Background(), 0)
 		}}
-		below := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+		below := openingBreaker(t)
 		dopts, sopts := below.DialOptions(), []grpc.ServerOption(nil)
 		if withMesh {
 			dopts, sopts = mesh.DialOptions(below), mesh.ServerOptions()
 		}
 		mid := serve(t, &tier{next: dial(t, serve(t, l), dopts...)}, sopts...)
+		_, _ = plain(t, mid).Charge(context.Background(), &demov1.ChargeRequest{}) // opens the breaker below
 		// A serial caller probes at the controller's floor: a short
 		// DownAfter lets it judge the tier down within the test.
 		above := herdguard(t, interceptor.WithPolicy(p), interceptor.WithoutBreaker(),
@@ -136,6 +138,16 @@ func TestUpperOverloadIgnoresGiveUpsBelow(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openingBreaker is the tier below's herdguard: 3 attempts, and a breaker
+// that opens on the first failed call and stays open: every later call
+// below gives up at once (breaker_open), which the server half answers
+// with "don't retry". (A call out of attempts at a server nobody judged
+// overloaded is not a give-up the server half passes on.)
+func openingBreaker(t *testing.T) *interceptor.Interceptor {
+	return herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutOverloadControl(),
+		interceptor.WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Hour}))
 }
 
 // callOnce makes one call of kind "unary" (Charge) or "stream"

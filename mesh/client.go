@@ -24,7 +24,7 @@ func DialOptions(ic *interceptor.Interceptor, opts ...Option) []grpc.DialOption 
 	if ic == nil {
 		panic("mesh: DialOptions: ic is nil; want the *interceptor.Interceptor the connection's calls go through")
 	}
-	opts = append(opts[:len(opts):len(opts)], withRetries(ic.Retries))
+	opts = append(opts[:len(opts):len(opts)], withRetries(ic.Retries), withOverloaded(ic.Overloaded))
 	return append([]grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(UnaryClientInterceptor(opts...)),
 		grpc.WithChainStreamInterceptor(StreamClientInterceptor(opts...)),
@@ -35,27 +35,33 @@ func DialOptions(ic *interceptor.Interceptor, opts ...Option) []grpc.DialOption 
 // run before (outside) herdguard's interceptor; DialOptions orders them.
 //
 // A call made while serving a request that is a retry, or that arrived with
-// RetriesBelowKey "0", is sent once (interceptor.NoRetry) and carries
-// RetriesBelowKey "0" on; if it fails with a code the layer would have
-// retried (herdguard's default retryable codes here; the connection's
-// policy when installed through DialOptions), the request answers "don't
-// retry" with OutcomeRetriedAbove. A call made while serving a request with a
-// deadline is sent with that deadline less a reserve (WithDeadlineReserve).
-// A call that gives up, or runs out of that time, makes the request answer
-// "don't retry" (see package doc).
+// RetriesBelowKey "0", carries RetriesBelowKey "0" on; if the connection's
+// overload controller paces the call's target (Interceptor.Overloaded:
+// installed through DialOptions; without it the client half never knows),
+// it is sent once (interceptor.NoRetry), and if it fails with a code the
+// layer would have retried (herdguard's default retryable codes here; the
+// connection's policy when installed through DialOptions), the request
+// answers "don't retry" with OutcomeRetriedAbove. A target nobody judged
+// overloaded gets the retries of every layer, as without the package. A
+// call made while serving a request with a deadline is sent with that
+// deadline less a reserve (WithDeadlineReserve). A call that gives up on
+// evidence that retrying would hurt, or runs out of that time, makes the
+// request answer "don't retry" (see package doc).
 func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 	c := newConfig(opts)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		served := ctx
-		limited := retriedAbove(ctx)
-		if limited {
+		limited := false
+		if retriedAbove(ctx) {
 			ctx = metadata.AppendToOutgoingContext(ctx, RetriesBelowKey, "0")
-			opts = append(opts[:len(opts):len(opts)], interceptor.NoRetry())
+			if limited = c.overloadedAt(cc.Target()); limited {
+				opts = append(opts[:len(opts):len(opts)], interceptor.NoRetry())
+			}
 		}
 		ctx, cancel, cut := c.below(ctx)
 		err := invoker(ctx, method, req, reply, cc, opts...)
 		if err != nil {
-			err = c.gaveUp(served, method, err, limited, cut && outOfTime(served, ctx, err))
+			err = c.gaveUp(served, cc.Target(), method, err, limited, cut && outOfTime(served, ctx, err))
 		}
 		cancel()
 		return err
@@ -63,11 +69,13 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 }
 
 // gaveUp signals "don't retry" on the request being served if err says
-// the call below (to method) gave up or ran out of the time the reserve
+// the call below (to method on target) gave up on evidence that retrying
+// it from above would hurt (GaveUp) or ran out of the time the reserve
 // left it (late), or, for a call limited to one attempt by a retry above,
-// if its failure would have been retried; it returns err, marked as
-// signalled when it did. A give-up is named as it is, limited or not.
-func (c config) gaveUp(ctx context.Context, method string, err error, limited, late bool) error {
+// if its failure would have been retried (it was limited because the
+// connection's overload controller paces target); it returns err, marked
+// as signalled when it did. A give-up is named as it is, limited or not.
+func (c config) gaveUp(ctx context.Context, target, method string, err error, limited, late bool) error {
 	outcome, ok := GaveUp(err)
 	switch {
 	case late:
@@ -90,19 +98,21 @@ func StreamClientInterceptor(opts ...Option) grpc.StreamClientInterceptor {
 	c := newConfig(opts)
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		served := ctx
-		limited := retriedAbove(ctx)
-		if limited {
+		limited := false
+		if retriedAbove(ctx) {
 			ctx = metadata.AppendToOutgoingContext(ctx, RetriesBelowKey, "0")
-			opts = append(opts[:len(opts):len(opts)], interceptor.NoRetry())
+			if limited = c.overloadedAt(cc.Target()); limited {
+				opts = append(opts[:len(opts):len(opts)], interceptor.NoRetry())
+			}
 		}
 		ctx, cancel, cut := c.below(ctx)
 		cs, err := streamer(ctx, desc, cc, method, opts...)
 		if err != nil {
-			err = c.gaveUp(served, method, err, limited, cut && outOfTime(served, ctx, err))
+			err = c.gaveUp(served, cc.Target(), method, err, limited, cut && outOfTime(served, ctx, err))
 			cancel()
 			return nil, err
 		}
-		return &clientStream{ClientStream: cs, c: c, method: method, served: served, call: ctx, cut: cut, cancel: cancel, limited: limited}, nil
+		return &clientStream{ClientStream: cs, c: c, target: cc.Target(), method: method, served: served, call: ctx, cut: cut, cancel: cancel, limited: limited}, nil
 	}
 }
 
@@ -110,6 +120,7 @@ func StreamClientInterceptor(opts ...Option) grpc.StreamClientInterceptor {
 type clientStream struct {
 	grpc.ClientStream
 	c       config
+	target  string
 	method  string
 	served  context.Context // the request being served, if any
 	call    context.Context // the stream's own: served, or cut short by the reserve
@@ -132,7 +143,7 @@ func (s *clientStream) judge(err error) error {
 		return err
 	}
 	s.done = true
-	return s.c.gaveUp(s.served, s.method, err, s.limited && !s.received, s.cut && outOfTime(s.served, s.call, err))
+	return s.c.gaveUp(s.served, s.target, s.method, err, s.limited && !s.received, s.cut && outOfTime(s.served, s.call, err))
 }
 
 func (s *clientStream) SendMsg(m any) error { return s.judge(s.ClientStream.SendMsg(m)) }

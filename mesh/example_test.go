@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/herdguard/herdguard/breaker"
 	"github.com/herdguard/herdguard/interceptor"
 	"github.com/herdguard/herdguard/mesh"
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
@@ -39,8 +40,11 @@ func (f forward) Charge(ctx context.Context, req *demov1.ChargeRequest) (*demov1
 
 // A tier installs both halves: the server interceptors on its server, and
 // the client half with herdguard on the connection its handlers call
-// through. When herdguard gives up below, the tier's answer tells the layer
-// above not to retry, in gRPC's own words.
+// through. When herdguard gives up below on evidence that retrying from
+// above would hurt (here its breaker is open; also when its overload
+// controller paced or shed the call, or the call ran out of time), the
+// tier's answer tells the layer above not to retry, in gRPC's own words.
+// A leaf that merely failed the call gets the retries from above.
 func Example() {
 	leafLis, _ := net.Listen("tcp", "127.0.0.1:0")
 	leaf := grpc.NewServer()
@@ -48,8 +52,9 @@ func Example() {
 	go leaf.Serve(leafLis)
 	defer leaf.Stop()
 
-	// The tier: herdguard's defaults below, both halves of mesh.
-	ic, err := interceptor.New()
+	// The tier: herdguard below, with a breaker that opens on one failed
+	// call, and both halves of mesh.
+	ic, err := interceptor.New(interceptor.WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Minute}))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -73,15 +78,15 @@ func Example() {
 		return
 	}
 	defer user.Close()
-	var trailer metadata.MD
-	_, err = demov1.NewGatewayServiceClient(user).Charge(context.Background(), &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
-	fmt.Println(status.Code(err))
-	fmt.Println("grpc-retry-pushback-ms:", trailer.Get("grpc-retry-pushback-ms"))
-	fmt.Println("herdguard-gave-up:", trailer.Get(mesh.GaveUpTrailerKey))
+	for _, call := range []string{"first call", "second call"} {
+		var trailer metadata.MD
+		_, err = demov1.NewGatewayServiceClient(user).Charge(context.Background(), &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
+		fmt.Println(call, status.Code(err), "grpc-retry-pushback-ms:", trailer.Get("grpc-retry-pushback-ms"),
+			"herdguard-gave-up:", trailer.Get(mesh.GaveUpTrailerKey))
+	}
 	// Output:
-	// Unavailable
-	// grpc-retry-pushback-ms: [-1]
-	// herdguard-gave-up: [exhausted]
+	// first call Unavailable grpc-retry-pushback-ms: [] herdguard-gave-up: []
+	// second call Unavailable grpc-retry-pushback-ms: [-1] herdguard-gave-up: [breaker_open]
 }
 
 // hangingLeaf answers no charge before its deadline.

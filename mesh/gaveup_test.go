@@ -20,18 +20,20 @@ import (
 func TestGaveUp(t *testing.T) {
 	last := status.Error(codes.Unavailable, "down")
 	re := func(o interceptor.Outcome) error { return &interceptor.RetryError{Attempts: 3, Outcome: o, Err: last} }
+	overloaded := &interceptor.RetryError{Attempts: 3, Outcome: interceptor.OutcomeExhausted, Err: last, Overloaded: true}
 	tests := []struct {
 		err  error
 		want interceptor.Outcome // "": not a give-up
 	}{
-		{re(interceptor.OutcomeExhausted), interceptor.OutcomeExhausted},
+		{re(interceptor.OutcomeExhausted), ""}, // a server failing on its own
+		{overloaded, interceptor.OutcomeExhausted},
 		{re(interceptor.OutcomeShed), interceptor.OutcomeShed},
 		{re(interceptor.OutcomePushbackStop), interceptor.OutcomePushbackStop},
 		{re(interceptor.OutcomeBudgetExhausted), interceptor.OutcomeBudgetExhausted},
 		{re(interceptor.OutcomeDeadline), ""},
 		{&breaker.OpenError{}, interceptor.OutcomeBreakerOpen},
 		{&breaker.OpenError{Shared: true}, interceptor.OutcomeBreakerOpenShared},
-		{fmt.Errorf("charge: %w", re(interceptor.OutcomeExhausted)), interceptor.OutcomeExhausted},
+		{fmt.Errorf("charge: %w", overloaded), interceptor.OutcomeExhausted},
 		{last, ""},
 		{status.FromContextError(context.Canceled).Err(), ""},
 		{nil, ""},

@@ -22,7 +22,7 @@ const retryConfig = `{"methodConfig": [{
     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`
 
 // TestGRPCRetryAboveStops: gRPC's own retry, at the layer above a tier
-// whose call below gave up, stops when the server half answers "don't
+// whose call below gave up at a leaf it judged overloaded, stops when the server half answers "don't
 // retry". The control, the same tier without the package, shows that the
 // same client retries the same failure otherwise.
 func TestGRPCRetryAboveStops(t *testing.T) {
@@ -34,13 +34,17 @@ func TestGRPCRetryAboveStops(t *testing.T) {
 	}{{"control: without the package", false, 3, 3}, {"with the server half", true, 1, 3}} {
 		t.Run(tt.name, func(t *testing.T) {
 			l := &leaf{answer: unavailable}
-			ic := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+			ic := herdguard(t, append([]interceptor.Option{interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker()}, pacingAfterTwo...)...)
 			dopts, sopts := ic.DialOptions(), []grpc.ServerOption(nil)
 			if tt.withMesh {
 				dopts, sopts = mesh.DialOptions(ic), mesh.ServerOptions()
 			}
 			mid := &tier{next: dial(t, serve(t, l), dopts...)}
-			user := dial(t, serve(t, mid, sopts...), grpc.WithDefaultServiceConfig(retryConfig))
+			midAddr := serve(t, mid, sopts...)
+			primeOverload(plain(t, midAddr)) // the tier judges the leaf overloaded
+			l.attempts.Store(0)
+			mid.calls.Store(0)
+			user := dial(t, midAddr, grpc.WithDefaultServiceConfig(retryConfig))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			_, err := user.Charge(ctx, &demov1.ChargeRequest{})

@@ -58,16 +58,25 @@ var retryKeys = [...]struct {
 }
 
 // GaveUp reports whether err is the error of a herdguard call that gave up
-// (out of attempts, shed, refused by an open breaker, stopped by the
-// server's pushback, or out of budget), and which outcome it was. A call
-// that ended by its deadline or its caller, failed with a code its policy
-// does not retry, or failed after it committed did not give up.
+// on evidence that retrying it from further up would hurt the server
+// below, and which outcome it was: shed by the overload controller, out of
+// attempts while the controller paced the server (RetryError.Overloaded),
+// refused by an open breaker, stopped by the server's pushback (a layer
+// below judged), or out of the retry budget. A call out of attempts at a
+// server that was not judged overloaded, one that ended by its deadline or
+// its caller, failed with a code its policy does not retry, or failed
+// after it committed did not: a server that fails on its own gets the
+// retries from above that it would get without the server half.
 func GaveUp(err error) (interceptor.Outcome, bool) {
 	var re *interceptor.RetryError
 	if errors.As(err, &re) {
 		switch re.Outcome {
-		case interceptor.OutcomeExhausted, interceptor.OutcomeShed, interceptor.OutcomePushbackStop, interceptor.OutcomeBudgetExhausted:
+		case interceptor.OutcomeShed, interceptor.OutcomePushbackStop, interceptor.OutcomeBudgetExhausted:
 			return re.Outcome, true
+		case interceptor.OutcomeExhausted:
+			if re.Overloaded {
+				return re.Outcome, true
+			}
 		}
 		return "", false
 	}

@@ -49,10 +49,15 @@ func TestTrailerOnEveryGiveUp(t *testing.T) {
 		attempts int64  // the leaf's attempts, prime calls included (0: not checked)
 	}{
 		{name: "ok", answer: func(context.Context, int64) error { return nil }, code: codes.OK, attempts: 1},
-		{name: "out of attempts", answer: unavailable, code: codes.Unavailable, gaveUp: "exhausted", attempts: 3},
-		{name: "out of attempts, status rewritten by the handler", answer: unavailable,
-			wrap: func(err error) error { return status.Errorf(codes.Internal, "charge: %v", err) },
-			code: codes.Internal, gaveUp: "exhausted", attempts: 3},
+		// A server below that fails on its own gets the retries from above
+		// it would get without the server half: out of attempts says
+		// "don't retry" only while the overload controller paces it.
+		{name: "out of attempts", answer: unavailable, code: codes.Unavailable, attempts: 3},
+		{name: "out of attempts, overloaded", answer: unavailable, opts: pacingAfterTwo,
+			prime: 7, code: codes.Unavailable, gaveUp: "exhausted", attempts: 24},
+		{name: "out of attempts, overloaded, status rewritten by the handler", answer: unavailable, opts: pacingAfterTwo,
+			wrap:  func(err error) error { return status.Errorf(codes.Internal, "charge: %v", err) },
+			prime: 7, code: codes.Internal, gaveUp: "exhausted", attempts: 24},
 		{name: "stopping pushback", answer: func(ctx context.Context, _ int64) error {
 			_ = grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", "-1"))
 			return status.Error(codes.Unavailable, "leaf: overloaded; don't retry")
@@ -63,17 +68,22 @@ func TestTrailerOnEveryGiveUp(t *testing.T) {
 		{name: "open breaker", answer: unavailable,
 			opts:  []interceptor.Option{interceptor.WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Minute})},
 			prime: 1, code: codes.Unavailable, gaveUp: "breaker_open", attempts: 3},
-		{name: "a retry above: one attempt below", answer: unavailable,
+		// A retry above limits the calls below to one attempt only where
+		// the tier judges the leaf overloaded.
+		{name: "a retry above, nothing judged overloaded: every attempt below", answer: unavailable,
 			incoming: metadata.Pairs("grpc-previous-rpc-attempts", "1"),
-			code:     codes.Unavailable, gaveUp: mesh.OutcomeRetriedAbove, attempts: 1},
+			code:     codes.Unavailable, attempts: 3},
+		{name: "a retry above: one attempt below, overloaded", answer: unavailable, opts: pacingAfterTwo, prime: 7,
+			incoming: metadata.Pairs("grpc-previous-rpc-attempts", "1"),
+			code:     codes.Unavailable, gaveUp: mesh.OutcomeRetriedAbove, attempts: 22},
 		{name: "not retryable", answer: func(context.Context, int64) error { return status.Error(codes.InvalidArgument, "leaf: bad amount") },
 			code: codes.InvalidArgument, attempts: 1},
-		{name: "a retry above (go-grpc-middleware's mark): one attempt below", answer: unavailable,
+		{name: "a retry above (go-grpc-middleware's mark): one attempt below", answer: unavailable, opts: pacingAfterTwo, prime: 7,
 			incoming: metadata.Pairs("x-retry-attempt", "1"),
-			code:     codes.Unavailable, gaveUp: mesh.OutcomeRetriedAbove, attempts: 1},
-		{name: "a first send with go-grpc-middleware's mark", answer: unavailable,
+			code:     codes.Unavailable, gaveUp: mesh.OutcomeRetriedAbove, attempts: 22},
+		{name: "a first send with go-grpc-middleware's mark", answer: unavailable, opts: pacingAfterTwo, prime: 7,
 			incoming: metadata.Pairs("x-retry-attempt", "0"),
-			code:     codes.Unavailable, gaveUp: "exhausted", attempts: 3},
+			code:     codes.Unavailable, gaveUp: "exhausted", attempts: 24},
 		// The prime call is unary; the breaker is the target's, so a
 		// stream is refused by it as it opens.
 		{name: "a retry above, open breaker below: named as it is", answer: unavailable,
@@ -82,7 +92,18 @@ func TestTrailerOnEveryGiveUp(t *testing.T) {
 			code: codes.Unavailable, gaveUp: "breaker_open", attempts: 3},
 		{name: "a retry above, a code the policy retries", answer: aborted,
 			opts:     []interceptor.Option{interceptor.WithPolicy(retrying(codes.Aborted))},
-			incoming: metadata.Pairs("herdguard-attempt", "2"), code: codes.Aborted, gaveUp: mesh.OutcomeRetriedAbove, attempts: 1},
+			incoming: metadata.Pairs("herdguard-attempt", "2"), code: codes.Aborted, attempts: 3},
+		// Twenty refusals (not retried: the policy retries Aborted only;
+		// a fresh controller judges 20 attempts within its first
+		// Interval) make the middle tier pace the leaf.
+		{name: "a retry above, a code the policy retries, overloaded", answer: func(_ context.Context, n int64) error {
+			if n <= 20 {
+				return status.Error(codes.Unavailable, "leaf: overloaded")
+			}
+			return status.Error(codes.Aborted, "leaf: conflict")
+		},
+			opts:  append([]interceptor.Option{interceptor.WithPolicy(retrying(codes.Aborted))}, pacingAfterTwo...),
+			prime: 20, incoming: metadata.Pairs("herdguard-attempt", "2"), code: codes.Aborted, gaveUp: mesh.OutcomeRetriedAbove, attempts: 21},
 		{name: "a retry above, a code only the default policy retries", answer: unavailable,
 			opts:     []interceptor.Option{interceptor.WithPolicy(retrying(codes.Aborted))},
 			incoming: metadata.Pairs("herdguard-attempt", "2"), code: codes.Unavailable, attempts: 1},
@@ -143,6 +164,24 @@ func TestTrailerOnEveryGiveUp(t *testing.T) {
 		}
 	}
 }
+
+// primeCalls is how many calls of 3 refused attempts make a tier with
+// pacingAfterTwo judge its leaf overloaded.
+const primeCalls = 7
+
+// primeOverload makes primeCalls calls through user, whose middle tier
+// runs pacingAfterTwo against a leaf that refuses everything.
+func primeOverload(user demov1.GatewayServiceClient) {
+	for range primeCalls {
+		_, _ = user.Charge(context.Background(), &demov1.ChargeRequest{})
+	}
+}
+
+// pacingAfterTwo is overload control that paces a server after two
+// refusals: 7 prime calls (21 refused attempts, more than a fresh
+// controller needs to judge within its first Interval) make the middle
+// tier judge the leaf overloaded; it stays so for a minute of calm.
+var pacingAfterTwo = []interceptor.Option{interceptor.WithOverloadControl(overload.Settings{Interval: time.Millisecond, MinFailures: 2, Calm: 60_000})}
 
 func aborted(context.Context, int64) error { return status.Error(codes.Aborted, "leaf: conflict") }
 
@@ -232,9 +271,10 @@ func TestServerHalfAlone(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ic := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+			ic := herdguard(t, append([]interceptor.Option{interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker()}, pacingAfterTwo...)...)
 			mid := &tier{next: dial(t, serve(t, &leaf{answer: unavailable}), ic.DialOptions()...), wrap: tt.wrap}
 			user := plain(t, serve(t, mid, mesh.ServerOptions()...))
+			primeOverload(user)
 			var trailer metadata.MD
 			_, err := user.Charge(context.Background(), &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
 			if err == nil {
@@ -269,9 +309,10 @@ func TestServerHalfOrder(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ic := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+			ic := herdguard(t, append([]interceptor.Option{interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker()}, pacingAfterTwo...)...)
 			mid := &tier{next: dial(t, serve(t, &leaf{answer: unavailable}), ic.DialOptions()...)}
 			user := plain(t, serve(t, mid, tt.opts()...))
+			primeOverload(user)
 			var trailer metadata.MD
 			_, err := user.Charge(context.Background(), &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
 			if status.Code(err) != codes.Internal {
@@ -294,28 +335,32 @@ func TestStreamsBeforeAndAfterCommit(t *testing.T) {
 		received int
 		gaveUp   string
 		attempts int64
+		prime    bool // make the tier judge the leaf overloaded first
 	}{
 		{"before commit", func(grpc.ServerStreamingServer[demov1.ListChargesResponse], int64) error {
 			return status.Error(codes.Unavailable, "leaf: down")
-		}, 0, "exhausted", 3},
+		}, 0, "exhausted", 3 * (primeCalls + 1), true},
 		{"after commit", func(ss grpc.ServerStreamingServer[demov1.ListChargesResponse], _ int64) error {
 			if err := ss.Send(&demov1.ListChargesResponse{ChargeId: "c1"}); err != nil {
 				return err
 			}
 			return status.Error(codes.Unavailable, "leaf: down after a message")
-		}, 1, "", 1},
+		}, 1, "", 1, false},
 	}
 	for _, tt := range tests {
 		for _, half := range []string{"client half", "server half alone"} {
 			t.Run(tt.name+", "+half, func(t *testing.T) {
 				l := &leaf{stream: tt.stream}
-				ic := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+				ic := herdguard(t, append([]interceptor.Option{interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker()}, pacingAfterTwo...)...)
 				dopts := mesh.DialOptions(ic)
 				if half == "server half alone" {
 					dopts = ic.DialOptions()
 				}
 				mid := &tier{next: dial(t, serve(t, l), dopts...)}
 				user := plain(t, serve(t, mid, mesh.ServerOptions()...))
+				for i := 0; tt.prime && i < primeCalls; i++ {
+					_, _ = drain(context.Background(), user)
+				}
 				cs, err := user.ListCharges(context.Background(), &demov1.ListChargesRequest{})
 				if err != nil {
 					t.Fatal(err)

@@ -2,6 +2,7 @@ package mesh_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,18 +20,25 @@ import (
 
 // chain is user → gateway → service → leaf, each tier a real server whose
 // calls below retry up to 3 attempts through herdguard, with (withMesh) or
-// without both halves of the package.
+// without both halves of the package. With paced, the service's calls to
+// the leaf go through pacingAfterTwo: prime makes it judge a leaf that
+// refuses everything overloaded.
 type chain struct {
 	user             demov1.GatewayServiceClient
 	gateway, service *tier
+	serviceAddr      string
 	leaf             *leaf
 }
 
-func newChain(t *testing.T, withMesh bool, answer func(context.Context, int64) error, mopts ...mesh.Option) *chain {
+func newChain(t *testing.T, withMesh, paced bool, answer func(context.Context, int64) error, mopts ...mesh.Option) *chain {
 	t.Helper()
 	c := &chain{leaf: &leaf{answer: answer}}
-	hop := func(addr string) demov1.GatewayServiceClient {
-		ic := herdguard(t, interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl())
+	hop := func(addr string, paced bool) demov1.GatewayServiceClient {
+		opts := []interceptor.Option{interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl()}
+		if paced {
+			opts = append(opts, pacingAfterTwo...)
+		}
+		ic := herdguard(t, opts...)
 		if withMesh {
 			return dial(t, addr, mesh.DialOptions(ic, mopts...)...)
 		}
@@ -40,24 +48,43 @@ func newChain(t *testing.T, withMesh bool, answer func(context.Context, int64) e
 	if withMesh {
 		sopts = mesh.ServerOptions()
 	}
-	c.service = &tier{next: hop(serve(t, c.leaf))}
-	c.gateway = &tier{next: hop(serve(t, c.service, sopts...))}
-	c.user = hop(serve(t, c.gateway, sopts...))
+	c.service = &tier{next: hop(serve(t, c.leaf), paced)}
+	c.serviceAddr = serve(t, c.service, sopts...)
+	c.gateway = &tier{next: hop(c.serviceAddr, false)}
+	c.user = hop(serve(t, c.gateway, sopts...), false)
 	return c
 }
 
+// prime makes primeCalls calls through the service alone, so that a paced
+// service judges a leaf that refuses them overloaded, and then forgets
+// the leaf's and the tiers' counts.
+func (c *chain) prime(t *testing.T) {
+	svc := plain(t, c.serviceAddr)
+	for range primeCalls {
+		_, _ = svc.Charge(context.Background(), &demov1.ChargeRequest{})
+	}
+	c.leaf.attempts.Store(0)
+	c.service.calls.Store(0)
+}
+
 // TestOneLayerRetries: with the package at every tier of a depth-3 chain
-// to a leaf that refuses everything, the leaf receives the 3 attempts of
-// the layer right above it per user call, against 27 without; many user
-// calls at once, so that the race detector sees the propagation.
+// to a leaf that refuses everything and that the service judges
+// overloaded, the leaf receives the 3 attempts of the layer right above it
+// per user call, against 27 without; many user calls at once, so that the
+// race detector sees the propagation. A leaf that fails on its own (not
+// judged overloaded) gets the retries of every layer, as without the
+// package.
 func TestOneLayerRetries(t *testing.T) {
 	for _, tt := range []struct {
-		name     string
-		withMesh bool
-		leafPer  int64
-	}{{"without the package", false, 27}, {"with it", true, 3}} {
+		name            string
+		withMesh, paced bool
+		leafPer         int64
+	}{{"without the package", false, false, 27}, {"with it", true, true, 3}, {"with it, a leaf failing on its own", true, false, 27}} {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newChain(t, tt.withMesh, unavailable)
+			c := newChain(t, tt.withMesh, tt.paced, unavailable)
+			if tt.paced {
+				c.prime(t)
+			}
 			const calls = 16
 			var wg sync.WaitGroup
 			errs := make(chan error, calls)
@@ -92,7 +119,7 @@ func TestRetryAboveLimitsEveryLayerBelow(t *testing.T) {
 	for _, kind := range []string{"unary", "stream"} {
 		t.Run(kind, func(t *testing.T) {
 			var down atomic.Bool
-			c := newChain(t, true, func(context.Context, int64) error {
+			c := newChain(t, true, true, func(context.Context, int64) error {
 				if down.Load() {
 					return status.Error(codes.Unavailable, "leaf: down")
 				}
@@ -124,6 +151,7 @@ func TestRetryAboveLimitsEveryLayerBelow(t *testing.T) {
 			// A retry from above, to a leaf that refuses it: one attempt at
 			// each layer, and the leaf sees the limit passed on.
 			down.Store(true)
+			c.prime(t) // the service judges the leaf overloaded
 			before := c.leaf.attempts.Load()
 			gw, svc := c.gateway.calls.Load(), c.service.calls.Load()
 			trailer, err = call(metadata.AppendToOutgoingContext(ctx, "grpc-previous-rpc-attempts", "1"))
@@ -163,7 +191,7 @@ func TestReserveAnswersInTime(t *testing.T) {
 	}{{"without the package", false, ""}, {"with it", true, string(interceptor.OutcomePushbackStop)}} {
 		t.Run(tt.name, func(t *testing.T) {
 			dls := make(chan time.Time, 1)
-			c := newChain(t, tt.withMesh, func(ctx context.Context, _ int64) error {
+			c := newChain(t, tt.withMesh, false, func(ctx context.Context, _ int64) error {
 				dl, _ := ctx.Deadline()
 				dls <- dl
 				<-ctx.Done()
@@ -193,5 +221,52 @@ func TestReserveAnswersInTime(t *testing.T) {
 				t.Errorf("the leaf received %d attempts, want 1: an attempt that ran out of time is not retried", l)
 			}
 		})
+	}
+}
+
+// TestNoHarmLeafFailingOnItsOwn: a leaf that fails half its attempts on
+// its own (Unavailable, whatever the load) below a depth-3 chain whose
+// hops run herdguard's defaults (3 attempts each, quick waits). With both
+// halves of the package at every tier, the user gets at least the calls ok
+// of herdguard at every layer without it, less 1 point: nothing judged
+// the leaf overloaded, so no tier says "don't retry" or limits the calls
+// below a retry above to one attempt: every layer retries, as without the
+// package. The leaf's failures are fixed by attempt number.
+func TestNoHarmLeafFailingOnItsOwn(t *testing.T) {
+	failing := func(_ context.Context, n int64) error {
+		if rand.New(rand.NewPCG(uint64(n), 7)).Float64() < 0.5 {
+			return status.Error(codes.Unavailable, "leaf: failed on its own")
+		}
+		return nil
+	}
+	const calls = 400
+	ok := map[bool]int{}
+	for _, withMesh := range []bool{false, true} {
+		l := &leaf{answer: failing}
+		hop := func(addr string) demov1.GatewayServiceClient {
+			ic := herdguard(t, interceptor.WithPolicy(fast(3)))
+			if withMesh {
+				return dial(t, addr, mesh.DialOptions(ic)...)
+			}
+			return dial(t, addr, ic.DialOptions()...)
+		}
+		var sopts []grpc.ServerOption
+		if withMesh {
+			sopts = mesh.ServerOptions()
+		}
+		service := &tier{next: hop(serve(t, l))}
+		gateway := &tier{next: hop(serve(t, service, sopts...))}
+		user := hop(serve(t, gateway, sopts...))
+		for range calls {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if _, err := user.Charge(ctx, &demov1.ChargeRequest{}); err == nil {
+				ok[withMesh]++
+			}
+			cancel()
+		}
+		t.Logf("with the package %v: %d of %d calls ok, %.2f leaf attempts per call", withMesh, ok[withMesh], calls, float64(l.attempts.Load())/calls)
+	}
+	if ok[true] < ok[false]-calls/100 {
+		t.Errorf("with the package %d of %d calls ok, without it %d: want at most 1 point fewer", ok[true], calls, ok[false])
 	}
 }

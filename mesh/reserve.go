@@ -23,12 +23,28 @@ type config struct {
 	// retries reports whether the connection's herdguard policy retries a
 	// code for a method; nil: herdguard's default retryable codes.
 	retries func(method string, code codes.Code) bool
+	// overloaded reports whether the connection's overload controller
+	// paces its calls to a target; nil: it never does.
+	overloaded func(target string) bool
 }
 
 // withRetries makes the client half ask retries which codes the
 // connection's policy retries (DialOptions passes Interceptor.Retries).
 func withRetries(retries func(string, codes.Code) bool) Option {
 	return func(c *config) { c.retries = retries }
+}
+
+// withOverloaded makes the client half ask overloaded whether the
+// connection's overload controller paces a target (DialOptions passes
+// Interceptor.Overloaded).
+func withOverloaded(overloaded func(string) bool) Option {
+	return func(c *config) { c.overloaded = overloaded }
+}
+
+// overloadedAt reports whether the connection's overload controller paces
+// target: evidence that more attempts would hurt it.
+func (c config) overloadedAt(target string) bool {
+	return c.overloaded != nil && c.overloaded(target)
 }
 
 // retriesCode reports whether a call to method that failed with code would
