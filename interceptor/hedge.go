@@ -236,7 +236,7 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 	switch {
 	case c.ctl == nil || !a.live: // one never sent says nothing of the load
 	case err != nil && judgedBelow(*a.trailer): // nor one a layer below gave up on
-		c.ctl.Done(pacing.Ignored, 0)
+		c.ctl.Done(pacing.Below, 0)
 	default:
 		attemptDoneAfter(c.ctl, err, c.ic.clock, a.start)
 	}

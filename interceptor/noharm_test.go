@@ -165,12 +165,17 @@ func closedLoop(c testgrpc.TestServiceClient, workers int, d time.Duration) int 
 	return int(ok.Load())
 }
 
-// TestNoHarmPartialFailuresClosedLoop: 8 callers in a closed loop, waits
-// of 1 to 10 ms, to a server that fails two attempts in three on its own:
-// the defaults make at least 0.8 of the calls ok that retries alone make.
-// Before, they made 11 ok calls a second against 7,496 (issue 32's second
-// measurement).
-func TestNoHarmPartialFailuresClosedLoop(t *testing.T) {
+// TestTimingNoHarmPartialFailuresClosedLoop: 8 callers in a closed loop,
+// waits of 1 to 10 ms, to a server that fails two attempts in three on its
+// own: the defaults make at least 0.8 of the calls ok that retries alone
+// make. It counts calls a second, which the race detector's overhead sets
+// (more of it for the defaults, which run the breaker and the controller
+// too): make test runs it without -race. Before, they made 11 ok calls a
+// second against 7,496 (issue 32's second measurement).
+func TestTimingNoHarmPartialFailuresClosedLoop(t *testing.T) {
+	if raceEnabled {
+		t.Skip("counts calls a second, which the race detector's overhead sets; make test runs it without -race")
+	}
 	p := policy.Policy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond}
 	got := map[string]int{}
 	for _, st := range []struct {

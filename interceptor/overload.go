@@ -127,7 +127,7 @@ func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd,
 	case end.err == nil && sent.IsZero():
 		ctl.Done(pacing.Answered, 0)
 	case end.err != nil && judgedBelow(end.trailer):
-		ctl.Done(pacing.Ignored, 0)
+		ctl.Done(pacing.Below, 0)
 	case timedOutIn(ctx, ctl, end.err, end.timedOut, asked, sent, clk):
 	default:
 		attemptDoneAfter(ctl, end.err, clk, sent)

@@ -281,9 +281,13 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		// deadline ended the stream it was serving: that says nothing of
 		// its load, and a watch stream lives until its deadline.
 		attemptDone(s.ctl, nil)
-	case a == s.a && s.idleAtDeadlineLocked(err), a.judgedBelow:
-		// Nobody asked the server for an answer yet, or a layer below
-		// gave up and said so: it says nothing of the load.
+	case a.judgedBelow:
+		// A layer below gave up and said so: it says nothing of the load.
+		if s.ctl != nil {
+			s.ctl.Done(pacing.Below, 0)
+		}
+	case a == s.a && s.idleAtDeadlineLocked(err):
+		// Nobody asked the server for an answer yet.
 		if s.ctl != nil {
 			s.ctl.Done(pacing.Ignored, 0)
 		}

@@ -361,8 +361,12 @@ func medians(runs int) string {
 	return fmt.Sprintf("; medians of %d runs", runs)
 }
 
-// parseClients parses -clients: numbers of clients, at least 1 each.
+// parseClients parses -clients: numbers of clients, at least 1 each; ""
+// is one client.
 func parseClients(s string) ([]int, error) {
+	if s == "" {
+		return []int{1}, nil
+	}
 	var out []int
 	for _, f := range strings.Split(s, ",") {
 		var n int

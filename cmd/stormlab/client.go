@@ -485,6 +485,9 @@ func (r *Runner) RunFleet(ctx context.Context, sc Scenario, name string, dial fu
 		// one after another.
 		if breakers != nil {
 			for _, g := range breakers() {
+				if g == nil { // a strategy without a breaker
+					continue
+				}
 				g.Each(func(b *breaker.Breaker) {
 					for b.State() == breaker.Open && ctx.Err() == nil {
 						wait(ctx, 5*time.Millisecond)

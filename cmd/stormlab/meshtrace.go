@@ -12,7 +12,8 @@ import (
 // MeshTrace is the leaf the mesh trace demo (trace-demo -mesh) runs the
 // chain against: Partial(0.67)'s leaf, failing 67 % of attempts on its
 // own, at 40 calls/s for 1.5 s, few enough user calls that every one of
-// them is traced through every tier.
+// them is traced through every tier. Nothing judges it overloaded, so
+// every layer retries, with the server half as without it.
 func MeshTrace() Scenario {
 	sc := Partial(0.67)
 	sc.Name = "mesh trace, a leaf failing 67 % of attempts"

@@ -53,10 +53,11 @@ func (l *traceLab) traces() map[string][]TraceSpan {
 // TestMeshTraceAcrossTiers traces the chain user -> gateway -> service ->
 // leaf at a leaf failing 67 % of attempts (MeshTrace): every user call is
 // one trace, joined across every tier (no span without its parent), the
-// leaf's every attempt in one of them; with the server half only the
-// service, the leaf's caller, retries, and a trace's layers say so; with
-// herdguard at every layer and no server half, the layers above retry too.
-// The waterfall of a call retried below names the layer of each row.
+// leaf's every attempt in one of them. The leaf fails on its own, not for
+// load: nothing judges it overloaded, so with the server half the layers
+// above the service retry too, as with herdguard at every layer and no
+// server half, and a trace's layers say so. The waterfall of a call
+// retried below names the layer of each row.
 func TestMeshTraceAcrossTiers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the chain twice for 1.5 s")
@@ -69,7 +70,7 @@ func TestMeshTraceAcrossTiers(t *testing.T) {
 	if len(traces) != half.Calls {
 		t.Errorf("server half: %d traces for %d user calls, want one each", len(traces), half.Calls)
 	}
-	leafSpans, retriedBelow := 0, 0
+	leafSpans, retriedBelow, aboveHalf := 0, 0, 0
 	var drawn []TraceSpan
 	for id, spans := range traces {
 		ids := map[string]bool{}
@@ -100,13 +101,17 @@ func TestMeshTraceAcrossTiers(t *testing.T) {
 		}
 		for _, l := range layers[:MeshDepth-1] {
 			if l.Retried() {
-				t.Errorf("server half: trace %s: %s retried (%+v): only the leaf's caller should", id, l.Service, layers)
+				aboveHalf++
+				break
 			}
 		}
 		if RetriedBelow(layers) {
 			retriedBelow++
 			drawn = spans
 		}
+	}
+	if aboveHalf == 0 {
+		t.Errorf("server half: no trace with a retry above the leaf's caller, at a leaf failing on its own; want the retries of every layer")
 	}
 	if int64(leafSpans) != half.Stats.GetAttempts() {
 		t.Errorf("server half: %d leaf server spans in the traces, the leaf counted %d attempts: want each in a trace", leafSpans, half.Stats.GetAttempts())

@@ -541,7 +541,7 @@ func TestScenariosNamed(t *testing.T) {
 			t.Errorf("ScenariosNamed(%q) = %d scenarios, first %q, %v; want %d, first %q", tc.name, len(scs), first(scs), ok, tc.n, tc.first)
 		}
 	}
-	want := `"published", "overload", "lost-replies", "slow", "all", "herd-20", "herd-80", "herd-320", "herds", "steady-cut", "steady-outage", "steady-gentle", "steady", "herds-deadline", "partial-open", "partial-closed", "partial-short" or "partial"`
+	want := `"published", "overload", "lost-replies", "slow", "all", "herd-20", "herd-80", "herd-320", "herds", "steady-cut", "steady-outage", "steady-gentle", "steady", "herds-deadline", "partial-open", "partial-closed", "partial-short", "partial", "dead-refusing", "dead-killed", "dead-refusing-nodeadline", "dead-killed-nodeadline" or "dead"`
 	if got := ScenarioNames(); got != want {
 		t.Errorf("ScenarioNames() = %s\nwant %s", got, want)
 	}

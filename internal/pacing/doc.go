@@ -34,21 +34,26 @@
 //     uncertainty), when it collapsed (rule 5), or when it falls behind:
 //     over a Window it ended fewer than 90 % of the attempts it was sent,
 //     MinFailures fewer at least, as a server does that queues what it
-//     cannot serve. The rate becomes Headroom of the answers per Interval
+//     cannot serve (not when a layer below gave up on some of them, saying
+//     so: that layer holds calls back already). The rate becomes Headroom of the answers per Interval
 //     the evidence shows. (TestOverload)
 //  3. Own share. The share of attempts the target fails on its own is
 //     learnt, over some 5 s, from each Interval once it is a Window old,
 //     if no pacing began since it began: the refusals that start an
 //     overload come before the pacing they start, and are not the
-//     target's own. A higher share is learnt by rule 4. What this client's
-//     traffic gets per Interval is learnt over a Window with no refusal
-//     beyond that share, while the target keeps up with it. (TestOwnShare)
+//     target's own. Once that share is settled (learnt from 4×MinFailures
+//     outcomes), an Interval whose evidence it explains is learnt from at
+//     once. A higher share is learnt by rule 4. What this client's traffic
+//     gets per Interval is learnt over a Window with no refusal beyond
+//     that share, while the target keeps up with it. (TestOwnShare)
 //  4. Independence. Holding back must help: a sample of MinFailures
 //     refusals while pacing that the own share explains, or that, sent at
 //     no more than Headroom of the rate the evidence of rule 2 was sent
 //     at, is refused as much as that evidence (2 standard deviations of
 //     the difference), shows refusals that do not follow this client's
-//     load. Their share becomes the target's own and the pacing ends. A
+//     load. Their share, with the evidence's, becomes the target's own,
+//     the Intervals since the episode began may be learnt from, and the
+//     pacing ends. A
 //     sample that ends in a run of MinFailures refusals is rule 5's to
 //     judge: a fleet's other clients may keep the target collapsed.
 //     (TestIndependentFailures)

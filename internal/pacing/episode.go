@@ -23,6 +23,8 @@ type episode struct {
 	probesRefused int
 	down          bool // rule 12
 
+	began time.Time // when the episode began
+
 	// target is the rate a restart goes to: what the server took before
 	// the episode, lowered by each setback (rule 7).
 	target   float64
@@ -79,7 +81,7 @@ func (c *Controller) beginLocked(now time.Time, e counts, span time.Duration) {
 	for k := range buckets {
 		took = max(took, c.ev.last(k).answered)
 	}
-	c.ep = episode{refilled: now, sampleFrom: now, trig: e, trigRate: c.perInterval(e.outcomes(), span), spell: now,
+	c.ep = episode{began: now, refilled: now, sampleFrom: now, trig: e, trigRate: c.perInterval(e.outcomes(), span), spell: now,
 		target: c.known, holdTill: now.Add(c.s.Hold)}
 	if c.known == 0 {
 		c.ep.target = c.s.Headroom * took // a fresh client knows only what it saw now
@@ -188,7 +190,7 @@ func (c *Controller) decideLocked(now time.Time) {
 	switch {
 	case c.run >= c.s.MinFailures: // a run: rule 5 judges it
 	case !c.aboveOwn(s): // rule 4: the server's own share explains them
-		c.endLocked()
+		c.ownLocked()
 	case c.perInterval(s.outcomes(), span) <= c.s.Headroom*ep.trigRate && same(s, ep.trig): // rule 4
 		c.independentLocked(s)
 	default: // rule 7
@@ -229,8 +231,18 @@ func (c *Controller) setbackLocked(now time.Time) {
 // independentLocked learns that the server fails the share of s's
 // attempts on its own, whatever the load (rule 4), and ends the pacing.
 func (c *Controller) independentLocked(s counts) {
-	c.base, c.baseR, c.baseN = s.share(), s.refused, s.outcomes()
+	// The evidence that began the episode was refused as much: its
+	// refusals were the server's own too.
+	c.baseR, c.baseN = s.refused+c.ep.trig.refused, s.outcomes()+c.ep.trig.outcomes()
+	c.base = c.baseR / c.baseN
+	c.ownLocked()
+}
+
+// ownLocked ends an episode whose refusals were the server's own (rule
+// 4): the Intervals since it began may be learnt from (rule 3).
+func (c *Controller) ownLocked() {
 	c.endLocked()
+	c.lastPaced = c.ep.began
 }
 
 // intervalLocked runs the episode's rules at the end of an Interval whose

@@ -5,9 +5,11 @@ import (
 )
 
 // counts are outcomes: attempts asked for (while calm, every one is
-// sent), sent, answered, and refused for load.
+// sent), sent, answered, refused for load, and gone (ended saying nothing
+// of the load: the caller gave up, or a layer below judged), below of
+// them a layer below's give-ups.
 type counts struct {
-	asked, sent, answered, refused float64
+	asked, sent, answered, refused, gone, below float64
 }
 
 func (c *counts) add(o counts) {
@@ -15,11 +17,14 @@ func (c *counts) add(o counts) {
 	c.sent += o.sent
 	c.answered += o.answered
 	c.refused += o.refused
+	c.gone += o.gone
+	c.below += o.below
 }
 
-// outcomes is how many attempts the counts judge: those that ended, or
-// those sent if more (refusals often come back ahead of the answers to
-// the same attempts, which a server serves after it refuses the rest).
+// outcomes is how many attempts the counts judge: those that ended with
+// an answer or a refusal, or those sent if more (refusals often come back
+// ahead of the answers to the same attempts, which a server serves after
+// it refuses the rest; an attempt its caller gave up on was being served).
 func (c counts) outcomes() float64 { return max(c.answered+c.refused, c.sent) }
 
 // share is the refused share of the outcomes; 0 with none.
@@ -33,27 +38,37 @@ func (c counts) share() float64 {
 // evidence is a target's outcomes of the last Window, in Intervals: a
 // ring of buckets, the current one last.
 type evidence struct {
-	start time.Time // when the current bucket began
-	b     [buckets]counts
-	i     int // the current bucket
+	start  time.Time // when the current bucket began
+	b      [buckets]counts
+	learnt [buckets]bool // the bucket's outcomes were learnt from (rule 3)
+	i      int           // the current bucket
 }
 
 // step ends the current bucket's Interval: the oldest bucket is dropped
 // and a new one begins.
 func (e *evidence) step(iv time.Duration) {
 	e.i = (e.i + 1) % buckets
-	e.b[e.i] = counts{}
+	e.b[e.i], e.learnt[e.i] = counts{}, false
 	e.start = e.start.Add(iv)
 }
 
 // restart empties the ring, its current bucket the Interval now falls in:
 // a whole Window passed with nothing counted.
 func (e *evidence) restart(now time.Time, iv time.Duration) {
-	e.b = [buckets]counts{}
+	e.b, e.learnt = [buckets]counts{}, [buckets]bool{}
 	e.start = e.start.Add(now.Sub(e.start) / iv * iv)
 }
 
 func (e *evidence) cur() *counts { return &e.b[e.i] }
+
+// learn marks the bucket k Intervals back as learnt from, and reports
+// whether it was not yet.
+func (e *evidence) learn(k int) bool {
+	j := (e.i - k + buckets) % buckets
+	was := e.learnt[j]
+	e.learnt[j] = true
+	return !was
+}
 
 // last returns the bucket k Intervals back (0: the current one).
 func (e *evidence) last(k int) counts { return e.b[(e.i-k+buckets)%buckets] }
@@ -105,6 +120,8 @@ func (e *evidence) spread(c counts, since, now time.Time, iv time.Duration) {
 			b.sent += c.sent * f
 			b.answered += c.answered * f
 			b.refused += c.refused * f
+			b.gone += c.gone * f
+			b.below += c.below * f
 		}
 		if !from.After(since) {
 			return

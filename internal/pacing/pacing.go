@@ -32,6 +32,9 @@ const (
 	// memory: what the server fails on its own is learnt with this weight
 	// per Interval, over some 5 s (rule 3).
 	memory = 0.98
+	// settled: a share learnt from settled×MinFailures outcomes is
+	// settled: Intervals it explains are learnt from at once (rule 3).
+	settled = 4
 	// sdSame: a sample refused within this many standard deviations of
 	// the evidence that lowered the rate is refused as much (rule 4).
 	sdSame = 2
@@ -95,6 +98,11 @@ const (
 	// (DeadlineExceeded): an overload signal, but a slow server is not a
 	// down one, so it never makes the server down.
 	Late
+	// Below is an attempt that a layer below gave up on, saying so: it
+	// judged the server below it overloaded and holds calls back for it.
+	// It says nothing of this client's load, and that a server answering
+	// late is not queuing this client's attempts (rule 2).
+	Below
 )
 
 // Env is the time a Controller reads and waits on, and its random source.
@@ -125,6 +133,7 @@ type Controller struct {
 	calmSent  atomic.Int64 // attempts sent while calm, not yet folded into ev
 	calmOK    atomic.Int64 // answers while calm, not yet folded
 	calmGone  atomic.Int64 // attempts that said nothing, not yet folded
+	calmBelow atomic.Int64 // of those, attempts a layer below gave up on
 	answers   atomic.Uint32
 	foldAfter atomic.Int64 // Unix ns: a calm answer past this folds the counts in
 	stats     counters
@@ -260,6 +269,9 @@ func (c *Controller) Done(o Outcome, took time.Duration) {
 		c.mu.Unlock()
 	case Ignored:
 		c.calmGone.Add(1) // no longer in flight
+	case Below:
+		c.calmGone.Add(1)
+		c.calmBelow.Add(1)
 	}
 }
 
@@ -282,9 +294,9 @@ func (c *Controller) foldLocked(now time.Time) {
 		c.ev.step(iv)
 		ended++
 	}
-	sent, ok, gone := c.calmSent.Swap(0), c.calmOK.Swap(0), c.calmGone.Swap(0)
-	if sent > 0 || ok > 0 {
-		c.ev.spread(counts{asked: float64(sent), sent: float64(sent), answered: float64(ok)}, c.folded, now, iv)
+	sent, ok, gone, below := c.calmSent.Swap(0), c.calmOK.Swap(0), c.calmGone.Swap(0), c.calmBelow.Swap(0)
+	if sent > 0 || ok > 0 || gone > 0 {
+		c.ev.spread(counts{asked: float64(sent), sent: float64(sent), answered: float64(ok), gone: float64(gone), below: float64(below)}, c.folded, now, iv)
 	}
 	c.inflight = max(c.inflight+float64(sent-ok-gone), 0)
 	if ok > 0 { // the server answered since the last refusal
@@ -304,6 +316,7 @@ func (c *Controller) foldLocked(now time.Time) {
 		}
 		return
 	}
+	c.learnSettledLocked(ended)
 	c.learnKnownLocked()
 	if c.queuing() {
 		c.beginLocked(now, c.ev.total(), buckets*c.s.Interval)
@@ -313,13 +326,16 @@ func (c *Controller) foldLocked(now time.Time) {
 // queuing reports whether the server falls behind: over a whole Window,
 // the attempts that ended are fewer than keptUp of those sent, and fewer
 // by more than the last two Intervals sent and MinFailures, so its queue
-// grows (rule 2). A slow server that keeps up ends as many as it is sent, however
-// long each takes, and a burst just sent is in flight, not queued.
+// grows (rule 2). A slow server that keeps up ends as many as it is sent,
+// however long each takes; a burst just sent is in flight, not queued; and
+// a server whose layer below gave up on attempts of the Window (Below)
+// answers late because that layer holds calls back for the server it
+// judged overloaded: holding them back here too would only add a wait.
 func (c *Controller) queuing() bool {
 	t := c.ev.total()
-	ended := t.answered + t.refused
+	ended := t.answered + t.refused + t.gone
 	last := c.ev.last(0).sent + c.ev.last(1).sent + c.ev.last(2).sent
-	return c.intervals >= buckets && t.sent-ended > max(last, float64(c.s.MinFailures)) && ended < keptUp*t.sent
+	return c.intervals >= buckets && t.below == 0 && t.sent-ended > max(last, float64(c.s.MinFailures)) && ended < keptUp*t.sent
 }
 
 // learnOwnLocked learns, while calm, the share of attempts the server
@@ -330,10 +346,36 @@ func (c *Controller) queuing() bool {
 func (c *Controller) learnOwnLocked(lived int) {
 	c.baseR, c.baseN = c.baseR*memory, c.baseN*memory
 	began := c.ev.start.Add(-(buckets - 1) * c.s.Interval)
-	if b := c.ev.last(buckets - 1); lived >= buckets-1 && c.lastPaced.Before(began) {
-		c.baseR += b.refused
-		c.baseN += b.answered + b.refused
+	if lived >= buckets-1 && c.lastPaced.Before(began) {
+		c.learnBucketLocked(buckets - 1)
 	}
+}
+
+// learnSettledLocked learns at once, once the own share is settled
+// (learnt from settled×MinFailures outcomes), from the Intervals that
+// just ended whose evidence (MinFailures refusals at least) that share
+// explains (rule 3): refusals at the share the server is known to fail
+// are its own, whenever they come.
+func (c *Controller) learnSettledLocked(ended int) {
+	for k := min(ended, buckets-1); k > 0; k-- {
+		if c.baseN < settled*float64(c.s.MinFailures) {
+			return
+		}
+		if e, _, ok := c.ev.holding(float64(c.s.MinFailures), k); ok && !c.aboveOwn(e) {
+			c.learnBucketLocked(k)
+		}
+	}
+}
+
+// learnBucketLocked adds the outcomes of the bucket k Intervals back to
+// what the own share is learnt from, once.
+func (c *Controller) learnBucketLocked(k int) {
+	if !c.ev.learn(k) {
+		return
+	}
+	b := c.ev.last(k)
+	c.baseR += b.refused
+	c.baseN += b.answered + b.refused
 	if c.baseN > 0 {
 		c.base = c.baseR / c.baseN
 	}
