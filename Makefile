@@ -70,9 +70,10 @@ e2e: $(BIN)/jaeger build ## End-to-end: the trace demo against a real Jaeger, ev
 	cd cmd && HERDGUARD_E2E=1 HERDGUARD_BIN=$(BIN) $(GO) test -count=1 -v -run E2E ./trace-demo/
 
 # The demo's brownout: steady load through a capacity cut of the sticky
-# server, at scale 2 (about 30 s): at scale 4 its 25 ms windows are within
-# the noise of a 2-core machine, and every client overshoots them.
-DEMO_STEADY_ARGS ?= -scenario steady-cut -scale 2 -strategy 'no retries,herdguard defaults,exponential + full jitter' -goodput-svg $(BIN)/goodput.svg
+# server, at scale 2 (about a minute), offered by one client and by 40, each
+# with its own interceptor: at scale 4 its 25 ms windows are within the
+# noise of a 2-core machine, and every client overshoots them.
+DEMO_STEADY_ARGS ?= -scenario steady-cut -scale 2 -clients 1,40 -strategy 'no retries,herdguard defaults,exponential + full jitter' -goodput-svg $(BIN)/goodput.svg
 
 # The demo's partial failures, in short: each loop at p = 0.67 and a dead
 # server, at scale 2 (about a minute).
@@ -115,16 +116,24 @@ mesh: build ggm-tier ## The mesh lab at full scale, medians of 3: depth 3 at a h
 # make storm STORM_ARGS='-runs 1 -scale 4' STORM_PEER_ENV='HERDGUARD_STORM_RUNS=1 HERDGUARD_STORM_SCALE=4' for a quick look.
 STORM_ARGS ?= -runs 3
 STORM_PEER_ENV ?= HERDGUARD_STORM_RUNS=3 HERDGUARD_STORM_SCALE=1
+# The fleets: the herds and brownouts offered by this many clients, each
+# with a connection and an interceptor of its own.
+STORM_CLIENTS ?= 1,10,40,100
 
 .PHONY: storm
-storm: build ## The storm lab at full scale, medians of 3: the herds, the brownouts, then the partial failures beside the peers (about 75 minutes); writes bin/goodput.svg, bin/storm-herds.svg and bin/partial.svg
+storm: build ## The storm lab at full scale, medians of 3: herds, brownouts (one client, then fleets), a server that dies, partial failures, and the peers beside them (about 5 hours); writes bin/goodput.svg, bin/storm-herds.svg, bin/fleet.svg and bin/partial.svg
 	@addr_file=$$(mktemp); rm -f "$$addr_file"; \
 	$(BIN)/demo-server -addr 127.0.0.1:0 -addr-file "$$addr_file" & server=$$!; \
 	trap 'kill $$server 2>/dev/null || true; wait $$server 2>/dev/null || true; rm -f "$$addr_file"' EXIT; \
 	for i in $$(seq 100); do [ -s "$$addr_file" ] && break; sleep 0.05; done; \
 	[ -s "$$addr_file" ] || { echo "demo-server did not start" >&2; exit 1; }; \
 	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" -compare -scenario herds,herds-deadline,steady \
-	  -svg $(BIN)/storm-herds.svg -goodput-svg $(BIN)/goodput.svg $(STORM_ARGS)
+	  -svg $(BIN)/storm-herds.svg -goodput-svg $(BIN)/goodput.svg $(STORM_ARGS); \
+	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" -scenario herds,herds-deadline,steady -clients $(STORM_CLIENTS) \
+	  -strategy 'no retries,herdguard defaults' -fleet-svg $(BIN)/fleet.svg $(STORM_ARGS); \
+	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" -compare -scenario dead $(STORM_ARGS)
+	cd bench && HERDGUARD_STORM=1 HERDGUARD_STORM_SCENARIOS=herds-deadline,steady HERDGUARD_STORM_CLIENTS=$(STORM_CLIENTS) $(STORM_PEER_ENV) \
+	  $(GO) test -run TestStormTable -count=1 -v -timeout 6h . | grep -v '^[=-]\{3\}' | sed '/^ok\|^PASS/d'
 	cd bench && HERDGUARD_STORM=1 HERDGUARD_STORM_SCENARIOS=partial HERDGUARD_PARTIAL_SVG=$(BIN)/partial.svg $(STORM_PEER_ENV) \
 	  $(GO) test -run TestStormTable -count=1 -v -timeout 3h . | grep -v '^[=-]\{3\}' | sed '/^ok\|^PASS/d'
 

@@ -60,6 +60,27 @@ func stormRuns(t *testing.T) int {
 	return n
 }
 
+// stormClients is HERDGUARD_STORM_CLIENTS: the numbers of clients
+// (separated by commas) the herds and brownouts are offered by, each
+// client with a connection of its own (and herdguard's strategies an
+// interceptor of their own); 1 without it. The partial failures run
+// with one client.
+func stormClients(t *testing.T) []int {
+	v := os.Getenv("HERDGUARD_STORM_CLIENTS")
+	if v == "" {
+		return []int{1}
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			t.Fatalf("HERDGUARD_STORM_CLIENTS=%q: want whole numbers of at least 1, separated by commas", v)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
 // stormScenarios are the scenarios HERDGUARD_STORM_SCENARIOS names
 // (separated by commas, as the demo client's -scenario names them:
 // herd-80, steady-gentle, herds, steady, partial), or every herd and
@@ -192,7 +213,21 @@ func TestStormTable(t *testing.T) {
 		fmt.Printf("Scale 1/%v, medians of %d runs each.\n", scale, runs)
 	}
 	var partialOpen, partialClosed []stormlab.PartialRow
-	for _, sc := range stormScenarios(t) {
+	type offered struct {
+		sc      stormlab.Scenario
+		clients int
+	}
+	var plan []offered
+	for _, n := range stormClients(t) {
+		for _, sc := range stormScenarios(t) {
+			if n == 1 || !sc.IsPartial() {
+				plan = append(plan, offered{sc, n})
+			}
+		}
+	}
+	for _, o := range plan {
+		sc := o.sc
+		r.Clients = o.clients
 		scaled := sc.Scale(scale)
 		peers := stormPeers(t, sc)
 		results := make([][]stormlab.Result, len(peers))
@@ -232,7 +267,11 @@ func TestStormTable(t *testing.T) {
 			rows = append(rows, stormlab.Summarize(results[i]...))
 			attempts[p.name] = rows[i].Attempts
 		}
-		fmt.Printf("\n== %s ==\n\n", sc.Name)
+		if o.clients > 1 {
+			fmt.Printf("\n== %s, offered by %d clients ==\n\n", sc.Name, o.clients)
+		} else {
+			fmt.Printf("\n== %s ==\n\n", sc.Name)
+		}
 		b, _ := scaled.Bound()
 		if sc.IsSteady() {
 			err = stormlab.WriteSteadyTable(os.Stdout, b, rows)
@@ -245,7 +284,7 @@ func TestStormTable(t *testing.T) {
 		// What must hold: in the herd at C = 80, fewer attempts than the
 		// peer that retries without a budget. The rest is reported, not
 		// graded.
-		if sc.Name == stormlab.Herd(80).Name && attempts["herdguard defaults"] >= attempts["go-grpc-middleware retry"] {
+		if o.clients == 1 && sc.Name == stormlab.Herd(80).Name && attempts["herdguard defaults"] >= attempts["go-grpc-middleware retry"] {
 			t.Errorf("%s: herdguard sent %d attempts, go-grpc-middleware %d: want fewer", sc.Name, attempts["herdguard defaults"], attempts["go-grpc-middleware retry"])
 		}
 	}

@@ -121,9 +121,11 @@ type Settings struct {
 	// flight (during a backoff wait, or before the first attempt), and those
 	// that ended with the client's own error (a message over the send limit,
 	// one that could not be encoded, a send a later interceptor refused),
-	// and those a server stopped with a "do not retry" that says a layer
-	// below gave up (mesh.GaveUpTrailerKey). It
-	// must be quick and safe for concurrent use.
+	// those a server stopped with a "do not retry" that says a layer below
+	// gave up (mesh.GaveUpTrailerKey), and those that failed while the
+	// target's overload controller paced it (the controller judges an
+	// overloaded or refusing server, and fails calls at once once it is
+	// down). It must be quick and safe for concurrent use.
 	Verdict func(err error) herdguard.Verdict
 	// Fleet, if set, shares each breaker with the other replicas of the
 	// service that name the same scope (see [Fleet]); nil keeps every

@@ -42,13 +42,18 @@
 //
 // An overload controller per target ([overload.Settings],
 // [WithOverloadControl]; [WithoutOverloadControl] turns it off): counts in
-// 100ms Intervals; pacing starts on 20 overload refusals in an interval
-// (MinFailures) that are more than half its answers (FailureRatio 0.5);
-// 500ms between growth steps past what the server is known to take (Hold);
-// the rate returns to 0.9 of a measured capacity (Headroom); 10 calm
-// intervals end the pacing (Calm). It holds attempts back only while that
-// helps: a server that fails a share of its attempts on its own, whatever
-// the load, is left to the retries.
+// 100ms Intervals; pacing starts when the fewest recent Intervals (at most
+// 10) that hold 5 refusals for load (MinFailures) show more than half of
+// the attempts refused (FailureRatio 0.5) and more than the server fails on
+// its own, when a run of refusals shows it collapsed, or when it falls
+// behind; the rate is 0.9 of what it answered (Headroom); 500ms between
+// growth steps (Hold); 10 calm Intervals end the pacing (Calm); a server
+// that refused everything for 2s while held back is down (DownAfter), and
+// new attempts fail at once but for a probe now and then; a call without
+// a deadline waits 10s at most (MaxWait). It holds attempts back only while
+// that helps: a server that fails a share of its attempts on its own,
+// whatever the load, is left to the retries. While it paces a target, the
+// breaker leaves that target's calls to it.
 //
 // Spans and metrics go to the global OpenTelemetry providers, as New finds
 // them ([WithTracerProvider], [WithMeterProvider]); no span or metric work

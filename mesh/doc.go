@@ -4,15 +4,19 @@
 //
 // Two rules, after the Google SRE book ("Handling Overload"): retry at one
 // layer only, the one right above the failure; and when that layer gives
-// up, tell the layers above not to retry.
+// up, tell the layers above not to retry. Both apply on evidence that
+// more attempts would hurt the server below: a server that fails on its
+// own, not overloaded, gets the retries of every layer, as without the
+// package.
 //
-//   - When a call made through herdguard gives up (out of attempts, shed,
-//     refused by an open breaker, stopped by a pushback, or out of budget),
-//     the request being served answers with gRPC's standard "don't retry"
-//     signal, a grpc-retry-pushback-ms trailer of -1, which herdguard and
-//     gRPC's built-in retry in every language honour (gRFC A6), and with a
-//     herdguard-gave-up trailer naming the outcome. The handler's status
-//     code is kept as it is.
+//   - When a call made through herdguard gives up on such evidence (shed
+//     by the overload controller, out of attempts while the controller
+//     paced its target, refused by an open breaker, stopped by a pushback,
+//     or out of budget), the request being served answers with gRPC's
+//     standard "don't retry" signal, a grpc-retry-pushback-ms trailer of
+//     -1, which herdguard and gRPC's built-in retry in every language
+//     honour (gRFC A6), and with a herdguard-gave-up trailer naming the
+//     outcome. The handler's status code is kept as it is.
 //   - A call made while serving a request with a deadline is sent with that
 //     deadline less a reserve (WithDeadlineReserve; by default a twentieth
 //     of the time left, at most 3 ms). A call below that runs out of time
@@ -26,9 +30,10 @@
 //     overload controller counts the call: the layer below judged.
 //   - A request that is itself a retry or a hedge (grpc-previous-rpc-attempts,
 //     herdguard-attempt or x-retry-attempt in its metadata), or that arrived
-//     with herdguard-retries-below: 0, makes one attempt per call below, and
-//     passes herdguard-retries-below: 0 on, so that only one layer retries
-//     along any path.
+//     with herdguard-retries-below: 0, passes herdguard-retries-below: 0 on,
+//     and, while the connection's overload controller paces the call's
+//     target, makes one attempt per call below, so that only one layer
+//     retries along any path to a server judged overloaded.
 //
 // A server installs both halves: the server interceptors, and the client
 // half on the connections its handlers call through:

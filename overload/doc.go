@@ -4,7 +4,8 @@
 // one controller per target, on by default ([Settings]' zero value), or
 // as interceptor.WithOverloadControl configures it.
 //
-// How the controller decides, and what it does while it paces (the line,
-// the rate, probes and confirmations, independent failures), is in
-// docs/overload.md; the defaults are in the interceptor's package doc.
+// How the controller decides, and what it does while it paces (the rate,
+// the line, probes, a server that is down, independent failures), is in
+// docs/overload.md, as 12 numbered rules; the defaults are in the
+// interceptor's package doc.
 package overload
