@@ -28,7 +28,7 @@ func (c *Controller) admit(deadline time.Time, retry bool, w *waiter) (err error
 	now := c.s.Now()
 	c.foldLocked(now)
 	if !c.pacing.Load() {
-		c.calmSent.Add(1)
+		c.sentCalm()
 		return nil, false
 	}
 	ep := &c.ep

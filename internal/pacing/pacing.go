@@ -131,6 +131,7 @@ type Controller struct {
 	pacing    atomic.Bool
 	collapsed atomic.Bool  // pacing, and the server answers nothing: probes only
 	calmSent  atomic.Int64 // attempts sent while calm, not yet folded into ev
+	firstSent atomic.Int64 // Unix ns: when the first of them was sent
 	calmOK    atomic.Int64 // answers while calm, not yet folded
 	calmGone  atomic.Int64 // attempts that said nothing, not yet folded
 	calmBelow atomic.Int64 // of those, attempts a layer below gave up on
@@ -185,13 +186,22 @@ func New(s overload.Settings, env Env) (*Controller, error) {
 // shown it is overloaded. It takes no lock.
 func (c *Controller) Pacing() bool { return c.pacing.Load() }
 
+// sentCalm counts an attempt sent while calm; the first since the last
+// fold reads the clock, so that the counts are spread over the time they
+// came in, not the quiet before it.
+func (c *Controller) sentCalm() {
+	if c.calmSent.Add(1) == 1 {
+		c.firstSent.Store(c.s.Now().UnixNano())
+	}
+}
+
 // Sent reports an attempt sent without asking Acquire because Pacing
 // reported false: one atomic load and one atomic add. The refusals that may
 // start the pacing are judged against the attempts sent, not only those
 // that ended.
 func (c *Controller) Sent() {
 	if !c.pacing.Load() {
-		c.calmSent.Add(1)
+		c.sentCalm()
 	}
 }
 
@@ -205,7 +215,7 @@ func (c *Controller) Sent() {
 // A wait never outlasts the attempt's deadline, nor MaxWait.
 func (c *Controller) Acquire(ctx context.Context, retry bool) (time.Duration, error) {
 	if !c.pacing.Load() {
-		c.calmSent.Add(1)
+		c.sentCalm()
 		return 0, nil
 	}
 	deadline, _ := ctx.Deadline()
@@ -296,7 +306,11 @@ func (c *Controller) foldLocked(now time.Time) {
 	}
 	sent, ok, gone, below := c.calmSent.Swap(0), c.calmOK.Swap(0), c.calmGone.Swap(0), c.calmBelow.Swap(0)
 	if sent > 0 || ok > 0 || gone > 0 {
-		c.ev.spread(counts{asked: float64(sent), sent: float64(sent), answered: float64(ok), gone: float64(gone), below: float64(below)}, c.folded, now, iv)
+		since := c.folded
+		if first := time.Unix(0, c.firstSent.Load()); sent > 0 && first.After(since) {
+			since = first // a burst after a quiet spell is counted when it came
+		}
+		c.ev.spread(counts{asked: float64(sent), sent: float64(sent), answered: float64(ok), gone: float64(gone), below: float64(below)}, since, now, iv)
 	}
 	c.inflight = max(c.inflight+float64(sent-ok-gone), 0)
 	if ok > 0 { // the server answered since the last refusal

@@ -131,6 +131,29 @@ func TestEvidence(t *testing.T) {
 			t.Error("30 refusals of 100 attempts sent, the answers still to come: pacing")
 		}
 	})
+	t.Run("a burst after a quiet spell", func(t *testing.T) {
+		// 200 attempts at once after 1.5 s of quiet, half of them ended
+		// 110 ms later, 30 % refused: the attempts counted on the calm
+		// path are counted when they were sent, not spread over the quiet
+		// before them, where they would look like a backlog of old ones.
+		r := newRig(t, overload.Settings{})
+		r.advance(15 * overload.DefaultInterval)
+		for range 200 {
+			r.c.Sent()
+		}
+		r.advance(overload.DefaultInterval / 2)
+		for i := range 100 {
+			if i%10 < 3 {
+				r.c.Done(Overloaded, 0)
+			} else {
+				r.c.Done(Answered, 0)
+			}
+		}
+		r.advance(overload.DefaultInterval * 6 / 10)
+		if st := r.c.State(); st.Pacing {
+			t.Errorf("a burst half answered, 30 %% refused: %+v", st)
+		}
+	})
 	t.Run("fresh", func(t *testing.T) {
 		r := newRig(t, overload.Settings{})
 		r.outcomes(Overloaded, freshAttempts*overload.DefaultMinFailures-1)
