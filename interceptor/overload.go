@@ -53,15 +53,17 @@ type targetController struct {
 // admit asks the target's controller (nil: none) to send attempt n; back
 // puts a retry at the back of its line (see inLine). An attempt held back
 // is traced as a span of its own, like a backoff wait, and the wait is
-// measured. It returns nil when the attempt may go, [pacing.ErrShed] when
-// it was shed, or the status error that matches the context's when ctx
-// ended while it waited.
+// measured. A retry at the back of the line has that span however short
+// its wait: it is the wait it had in place of its backoff, so that in a
+// trace every retry follows a wait. It returns nil when the attempt may
+// go, [pacing.ErrShed] when it was shed, or the status error that matches
+// the context's when ctx ended while it waited.
 func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *pacing.Controller, method string, n int, back bool) error {
 	if ctl == nil || !ctl.Pacing() {
 		return nil
 	}
 	held, err := ctl.Acquire(ctx, back)
-	if held <= 0 && err == nil {
+	if held <= 0 && err == nil && !back {
 		return nil
 	}
 	if tracer != nil {
@@ -70,7 +72,9 @@ func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *paci
 			telemetry.AttrAttempt.Int(n), names.AttrHeldMS.Float64(float64(held)/float64(time.Millisecond)), telemetry.AttrShed.Bool(errors.Is(err, pacing.ErrShed))))
 		span.End(trace.WithTimestamp(end))
 	}
-	ic.metering.held(ctx, method, held.Seconds(), errors.Is(err, pacing.ErrShed))
+	if held > 0 || err != nil {
+		ic.metering.held(ctx, method, held.Seconds(), errors.Is(err, pacing.ErrShed))
+	}
 	if err != nil && !errors.Is(err, pacing.ErrShed) {
 		return status.FromContextError(err).Err()
 	}

@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -364,6 +365,57 @@ func TestOverloadRetryWaitsInLine(t *testing.T) {
 	}
 	if !slices.Equal(held, []int64{1, 2}) {
 		t.Errorf("held spans for attempts %v, want [1 2]", held)
+	}
+}
+
+// A retry at the back of the controller's line that goes at once has its
+// held span all the same, as the wait it had in place of its backoff: in
+// a trace every retry follows a wait. A first attempt that goes at once
+// has none.
+func TestOverloadRetryInLineAtOnceIsTraced(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	ctl, err := pacing.New(overload.Settings{MinFailures: 1}, pacing.Env{
+		Now:       func() time.Time { return now },
+		AfterFunc: func(time.Duration, func()) func() bool { return func() bool { return true } },
+		Rand:      func() float64 { return 0.5 },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 { // at MinFailures 1, four refusals start the pacing
+		ctl.Sent()
+		ctl.Done(pacing.Overloaded, 0)
+	}
+	ctl.Done(pacing.Answered, time.Millisecond) // the restart: a rate, and a token a second later
+	now = now.Add(time.Second)
+	if !ctl.Pacing() {
+		t.Fatal("not pacing")
+	}
+	rec, tp := newRecorder()
+	mrec, mp := newMetrics()
+	ic, err := New(WithMeterProvider(mp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := ic.admit(ctx, tp.Tracer("test"), ctl, "/s/M", 2, true); err != nil {
+		t.Fatalf("retry in line: %v", err)
+	}
+	now = now.Add(time.Minute)
+	if err := ic.admit(ctx, tp.Tracer("test"), ctl, "/s/M", 1, false); err != nil {
+		t.Fatalf("first attempt: %v", err)
+	}
+	var spans []string
+	for _, s := range rec.Ended() {
+		a := attrs(s)
+		spans = append(spans, fmt.Sprintf("%s %d %v", s.Name(), a[telemetry.AttrAttempt].AsInt64(), a[names.AttrHeldMS].AsFloat64()))
+	}
+	if want := []string{"held 2 0"}; !slices.Equal(spans, want) {
+		t.Errorf("spans %q, want %q: the retry's wait of none, nothing for the first attempt", spans, want)
+	}
+	if h, ok := collect(t, mrec, telemetry.MetricOverloadHeld).(metricdata.Histogram[float64]); ok && len(h.DataPoints) > 0 {
+		t.Errorf("%s = %+v, want no attempt counted as delayed", telemetry.MetricOverloadHeld, h)
 	}
 }
 

@@ -13,8 +13,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
-// WriteSpanTree prints a call span and its attempt and backoff children as
-// a compact tree with their durations and waits.
+// WriteSpanTree prints a call span and its attempt, backoff and held
+// children as a compact tree with their durations and waits.
 func WriteSpanTree(w io.Writer, call sdktrace.ReadOnlySpan, children []sdktrace.ReadOnlySpan) {
 	a := attrMap(call)
 	fmt.Fprintf(w, "%s  %v  outcome=%s attempts=%d status=%s\n", call.Name(), round(call.EndTime().Sub(call.StartTime())),
@@ -33,6 +33,13 @@ func WriteSpanTree(w io.Writer, call sdktrace.ReadOnlySpan, children []sdktrace.
 		case telemetry.SpanBackoff:
 			fmt.Fprintf(w, "  %s backoff before attempt %d  wait %v (%s)\n", branch, ca[telemetry.AttrAttempt].AsInt64(),
 				round(time.Duration(ca[names.AttrBackoffDelayMS].AsFloat64()*float64(time.Millisecond))), ca[names.AttrBackoffJitter].AsString())
+		case telemetry.SpanHeld:
+			shed := ""
+			if ca[telemetry.AttrShed].AsBool() {
+				shed = ", shed"
+			}
+			fmt.Fprintf(w, "  %s held before attempt %d  wait %v (overload controller%s)\n", branch, ca[telemetry.AttrAttempt].AsInt64(),
+				round(c.EndTime().Sub(c.StartTime())), shed)
 		default:
 			fmt.Fprintf(w, "  %s %s  %v\n", branch, c.Name(), round(c.EndTime().Sub(c.StartTime())))
 		}
@@ -45,7 +52,7 @@ func SampleTrees(spans []sdktrace.ReadOnlySpan, n int) [][]sdktrace.ReadOnlySpan
 	children := map[[8]byte][]sdktrace.ReadOnlySpan{}
 	var calls []sdktrace.ReadOnlySpan
 	for _, s := range spans {
-		if s.Parent().IsValid() && (s.Name() == telemetry.SpanAttempt || s.Name() == telemetry.SpanBackoff) {
+		if s.Parent().IsValid() && (s.Name() == telemetry.SpanAttempt || s.Name() == telemetry.SpanBackoff || s.Name() == telemetry.SpanHeld) {
 			id := s.Parent().SpanID()
 			children[id] = append(children[id], s)
 			continue

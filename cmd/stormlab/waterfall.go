@@ -171,8 +171,12 @@ func WriteWaterfall(w io.Writer, spans []TraceSpan) error {
 		}
 	}
 	multi := len(callers) > 1
+	held := slices.ContainsFunc(rows, func(r TraceSpan) bool { return r.Name == telemetry.SpanHeld })
 	height := top + rowH*len(rows) + 50
 	if multi {
+		height += 16
+	}
+	if held {
 		height += 16
 	}
 	var b strings.Builder
@@ -212,6 +216,10 @@ func WriteWaterfall(w io.Writer, spans []TraceSpan) error {
 			10, legendY, html.EscapeString(strings.Join(callers, " → ")))
 		legendY -= 16
 	}
+	if held {
+		fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#555">brown: a wait in the overload controller's line</text>`+"\n", 10, legendY)
+		legendY -= 16
+	}
 	fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#555">gray: the call; blue: an attempt that succeeded, red: one that failed; light: on the wire (otelgrpc); green or dark red: the server's span; amber: a backoff wait</text>`+"\n",
 		10, legendY)
 	b.WriteString("</svg>\n")
@@ -233,6 +241,8 @@ func waterfallRow(s TraceSpan) (label, fill string) {
 		return label, "#3b6ea5"
 	case s.Name == telemetry.SpanBackoff:
 		return "backoff before attempt " + s.Attrs[string(telemetry.AttrAttempt)] + " (" + s.Attrs[string(names.AttrBackoffJitter)] + ")", "#e0a030"
+	case s.Name == telemetry.SpanHeld:
+		return "held before attempt " + s.Attrs[string(telemetry.AttrAttempt)] + " (overload controller)", "#a0522d"
 	case s.Kind == "server":
 		label = "server (" + s.Service + ")  " + s.StatusCode()
 		if failed {

@@ -7,8 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/names"
+	"github.com/herdguard/herdguard/telemetry"
+
+	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 )
 
 func at(ms int) time.Time {
@@ -81,8 +87,62 @@ func TestWriteWaterfall(t *testing.T) {
 	if n := strings.Count(svg, "<rect x="); n != 8 {
 		t.Errorf("%d bars, want one per span (8)", n)
 	}
+	if strings.Contains(svg, "brown") {
+		t.Error("the legend explains held waits where there are none")
+	}
 	if err := WriteWaterfall(&b, nil); err == nil {
 		t.Error("a waterfall of no spans drew")
+	}
+
+	// a retry held in the overload controller's line, after its backoff
+	held := append(retriedCall(), TraceSpan{TraceID: "t1", SpanID: "h", ParentID: "c", Name: "held", Kind: "internal", Service: "demo-client",
+		Start: at(115), Duration: 5 * time.Millisecond, Attrs: map[string]string{"herdguard.attempt": "2", "herdguard.held.delay_ms": "5"}})
+	b.Reset()
+	if err := WriteWaterfall(&b, held); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"held before attempt 2 (overload controller)", "brown: a wait in the overload controller's line"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("waterfall with a held wait lacks %q", want)
+		}
+	}
+}
+
+// The span tree a demo client prints shows every wait of a call: its
+// backoffs and its waits in the overload controller's line.
+func TestWriteSpanTree(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	tr := tp.Tracer("test")
+	t0 := at(0)
+	ctx, call := tr.Start(context.Background(), "demo.Gateway/Charge", trace.WithTimestamp(t0))
+	child := func(name string, from, to int, attrs ...attribute.KeyValue) {
+		_, s := tr.Start(ctx, name, trace.WithTimestamp(t0.Add(time.Duration(from)*time.Millisecond)), trace.WithAttributes(attrs...))
+		s.End(trace.WithTimestamp(t0.Add(time.Duration(to) * time.Millisecond)))
+	}
+	child(telemetry.SpanAttempt, 0, 10, telemetry.AttrAttempt.Int(1), semconv.RPCResponseStatusCode("UNAVAILABLE"))
+	child(telemetry.SpanBackoff, 10, 110, telemetry.AttrAttempt.Int(2), names.AttrBackoffDelayMS.Float64(100), names.AttrBackoffJitter.String("full"))
+	child(telemetry.SpanHeld, 110, 150, telemetry.AttrAttempt.Int(2), names.AttrHeldMS.Float64(40))
+	child(telemetry.SpanAttempt, 150, 152, telemetry.AttrAttempt.Int(2), semconv.RPCResponseStatusCode("UNAVAILABLE"))
+	child(telemetry.SpanHeld, 152, 160, telemetry.AttrAttempt.Int(3), telemetry.AttrShed.Bool(true))
+	call.SetAttributes(telemetry.AttrAttempts.Int(2), telemetry.AttrOutcome.String("shed"), semconv.RPCResponseStatusCode("UNAVAILABLE"))
+	call.End(trace.WithTimestamp(t0.Add(160 * time.Millisecond)))
+
+	trees := SampleTrees(rec.Ended(), 1)
+	if len(trees) != 1 {
+		t.Fatalf("%d trees, want the retried call's", len(trees))
+	}
+	var b bytes.Buffer
+	WriteSpanTree(&b, trees[0][0], trees[0][1:])
+	want := `demo.Gateway/Charge  160ms  outcome=shed attempts=2 status=UNAVAILABLE
+  ├─ attempt 1  10ms  UNAVAILABLE
+  ├─ backoff before attempt 2  wait 100ms (full)
+  ├─ held before attempt 2  wait 40ms (overload controller)
+  ├─ attempt 2  2ms  UNAVAILABLE
+  └─ held before attempt 3  wait 8ms (overload controller, shed)
+`
+	if b.String() != want {
+		t.Errorf("span tree:\n%s\nwant:\n%s", b.String(), want)
 	}
 }
 

@@ -126,18 +126,17 @@ func startE2E(t *testing.T, o *options) (context.Context, *jaegerlab.Jaeger, *sy
 // whole reads trace id back from Jaeger once Jaeger has stored all of it,
 // which it does a little after the exporters sent it: a root (the call
 // span) whose herdguard.attempts n accounts for every span, that is n
-// attempts, each with a client and a server span under it, and n-1 waits.
+// attempts, each with a client and a server span under it, and the waits
+// between them (n-1 backoffs, or waits in the overload controller's line
+// while it paced the target, which it may at first sight of a burst's
+// failures).
 func whole(ctx context.Context, j *jaegerlab.Jaeger, id string) ([]stormlab.TraceSpan, error) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	for {
 		spans, err := j.Trace(ctx, id)
-		if err == nil {
-			for _, s := range spans {
-				if n, _ := strconv.Atoi(s.Attrs["herdguard.attempts"]); s.ParentID == "" && n > 0 && len(spans) == 4*n {
-					return spans, nil
-				}
-			}
+		if err == nil && complete(spans) {
+			return spans, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -148,6 +147,31 @@ func whole(ctx context.Context, j *jaegerlab.Jaeger, id string) ([]stormlab.Trac
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// complete reports whether spans hold a root call span with
+// herdguard.attempts n, n attempt spans and, for each, a client and a
+// server span; waits come with the attempts they precede.
+func complete(spans []stormlab.TraceSpan) bool {
+	n, count := 0, map[string]int{}
+	for _, s := range spans {
+		if a, _ := strconv.Atoi(s.Attrs["herdguard.attempts"]); s.ParentID == "" && a > 0 {
+			n = a
+		}
+		switch {
+		case s.Name == telemetry.SpanAttempt, s.Kind == "client" && s.ParentID != "", s.Kind == "server":
+			count[s.Kind+s.Name]++
+		}
+	}
+	if n == 0 || len(count) != 3 {
+		return false
+	}
+	for _, c := range count {
+		if c != n {
+			return false
+		}
+	}
+	return true
 }
 
 // checkTrace checks one retried call's trace as Jaeger returns it.
@@ -194,31 +218,50 @@ func checkTrace(t *testing.T, id string, spans []stormlab.TraceSpan, serverPort 
 		t.Errorf("trace %s: status %s with error.type %q", id, code, root.Attrs["error.type"])
 	}
 
-	var attempts, backoffs []stormlab.TraceSpan
+	// Under the call: its attempts, and before each retry its waits: a
+	// backoff, a wait in the overload controller's line (held), or both,
+	// one of each at most. A first attempt may be held too.
+	var attempts []stormlab.TraceSpan
+	waits := map[string][]stormlab.TraceSpan{} // by the attempt they precede
 	for _, c := range byParent[root.SpanID] {
 		switch c.Name {
 		case telemetry.SpanAttempt:
 			attempts = append(attempts, c)
-		case telemetry.SpanBackoff:
-			backoffs = append(backoffs, c)
+		case telemetry.SpanBackoff, telemetry.SpanHeld:
+			before := c.Attrs["herdguard.attempt"]
+			if slices.ContainsFunc(waits[before], func(w stormlab.TraceSpan) bool { return w.Name == c.Name }) {
+				t.Errorf("trace %s: two %q spans before attempt %s", id, c.Name, before)
+			}
+			waits[before] = append(waits[before], c)
 		default:
 			t.Errorf("trace %s: unexpected child %q of the call span", id, c.Name)
 		}
 	}
-	if len(attempts) != n || len(backoffs) != n-1 {
-		t.Fatalf("trace %s: %d attempts and %d backoffs under the call, want %d and %d", id, len(attempts), len(backoffs), n, n-1)
+	if len(attempts) != n {
+		t.Fatalf("trace %s: %d attempts under the call, want %d", id, len(attempts), n)
+	}
+	for before, ws := range waits {
+		if k, err := strconv.Atoi(before); err != nil || k < 1 || k > n || k == 1 && ws[0].Name == telemetry.SpanBackoff {
+			t.Errorf("trace %s: a %q span before attempt %q", id, ws[0].Name, before)
+		}
 	}
 	for i, a := range attempts {
 		if a.Attrs["herdguard.attempt"] != strconv.Itoa(i+1) || a.Attrs["rpc.method"] != method || a.Service != "demo-client" {
 			t.Errorf("trace %s: attempt %d has herdguard.attempt %q, rpc.method %q, service %q", id, i+1,
 				a.Attrs["herdguard.attempt"], a.Attrs["rpc.method"], a.Service)
 		}
-		if i > 0 {
-			b := backoffs[i-1]
-			if b.Attrs["herdguard.attempt"] != strconv.Itoa(i+1) || b.Start.Before(attempts[i-1].End().Add(-time.Millisecond)) ||
-				b.End().After(a.Start.Add(time.Millisecond)) {
-				t.Errorf("trace %s: backoff %d (before attempt %s, %v to %v) is not between attempts %d and %d",
-					id, i, b.Attrs["herdguard.attempt"], b.Start, b.End(), i, i+1)
+		ws := waits[strconv.Itoa(i+1)]
+		if i > 0 && len(ws) == 0 {
+			t.Errorf("trace %s: attempt %d follows no backoff and no wait in the controller's line", id, i+1)
+		}
+		for _, w := range ws {
+			after := root.Start
+			if i > 0 {
+				after = attempts[i-1].End()
+			}
+			if w.Start.Before(after.Add(-time.Millisecond)) || w.End().After(a.Start.Add(time.Millisecond)) {
+				t.Errorf("trace %s: %s before attempt %d (%v to %v) is not between attempts %d and %d",
+					id, w.Name, i+1, w.Start, w.End(), i, i+1)
 			}
 		}
 		// under each attempt: otelgrpc's client span, and the server's span under it
