@@ -53,8 +53,9 @@
 //     the difference), shows refusals that do not follow this client's
 //     load. Their share, with the evidence's, becomes the target's own,
 //     the Intervals since the episode began may be learnt from, and the
-//     pacing ends. A
-//     sample that ends in a run of MinFailures refusals is rule 5's to
+//     pacing ends. Only evidence of MinFailures refusals is compared: a
+//     target that fell behind before it refused shows no share to match.
+//     A sample that ends in a run of MinFailures refusals is rule 5's to
 //     judge: a fleet's other clients may keep the target collapsed.
 //     (TestIndependentFailures)
 //  5. Collapse. A run of refusals, most of the attempts sent since the last
@@ -72,12 +73,16 @@
 //     less setbacks, or, for a fresh client, Headroom of the most the
 //     target answered in one Interval. It holds for Hold. (TestRestart)
 //  7. Setback. Refusals beyond the own share at the current rate bring it
-//     to Headroom of what the target answered; if the rate was one the
+//     to Headroom of what the target answered since that rate was set
+//     (every answer: a target that queues answers late what it refuses at
+//     once); if the rate was one the
 //     controller tried (a restart or growth), the target rate falls to
 //     Headroom of the rate before that step, and the next hold doubles.
 //     (TestSetback)
-//  8. Growth. While attempts wait and nothing beyond the own share is
-//     refused: after a hold, back to what this client's traffic got
+//  8. Growth. While attempts wait, nothing beyond the own share is
+//     refused and the target keeps up (it ended 90 % of the attempts sent
+//     in the last two Intervals, or all but MinFailures; one that ends
+//     fewer queues them): after a hold, back to what this client's traffic got
 //     before the episode, then a tenth more per Hold, never past a tenth
 //     above the attempts that come (a fleet's sum varies more than one
 //     client's); with nothing known, a slow start that doubles per

@@ -39,8 +39,11 @@ type episode struct {
 	sample     counts
 	sampleFrom time.Time
 	before     float64 // outcomes still to come of attempts sent before the rate was set
-	trig       counts
-	trigRate   float64
+	// answered counts every answer since the rate was set, those to
+	// attempts sent before it too: what the server answered meanwhile.
+	answered float64
+	trig     counts
+	trigRate float64
 	// tried is true while the rate is one the controller chose to try (a
 	// restart or growth), false while it is one the server's answers set;
 	// stepped is the factor the last growth multiplied it by (1 after a
@@ -102,7 +105,7 @@ func (c *Controller) setRateLocked(now time.Time, rate float64) {
 		c.ep.rate = 0
 		c.ep.probeAt = now.Add(c.probeGap(c.s.Rand())) // the first within a mean gap
 	}
-	c.ep.sample, c.ep.sampleFrom, c.ep.before = counts{}, now, c.inflight
+	c.ep.sample, c.ep.sampleFrom, c.ep.before, c.ep.answered = counts{}, now, c.inflight, 0
 }
 
 // probeRate is the rate of probes while the server is collapsed, in
@@ -129,6 +132,7 @@ func (c *Controller) answeredLocked(now time.Time, took time.Duration) {
 	} else {
 		ep.sample.answered++
 	}
+	ep.answered++
 	ep.spell, ep.probesRefused = time.Time{}, 0
 	if took > 0 && (ep.took == 0 || took < ep.took) {
 		ep.took = took
@@ -181,9 +185,11 @@ func (c *Controller) refusedLocked(now time.Time, late bool) {
 
 // decideLocked judges the sample, which holds MinFailures refusals: if
 // the share the server fails on its own explains them, or, at a rate
-// lowered on evidence, they are as many as in that evidence, the
+// lowered on refusals, they are as many as in that evidence, the
 // refusals are the server's own (rule 4); otherwise the rate is too high
-// (rule 7).
+// (rule 7), and becomes Headroom of what the server answered since it
+// was set: every answer counts, those to attempts sent before too, as a
+// server that queues answers late what it refuses at once.
 func (c *Controller) decideLocked(now time.Time) {
 	ep := &c.ep
 	s, span := ep.sample, now.Sub(ep.sampleFrom)
@@ -191,10 +197,10 @@ func (c *Controller) decideLocked(now time.Time) {
 	case c.run >= c.s.MinFailures: // a run: rule 5 judges it
 	case !c.aboveOwn(s): // rule 4: the server's own share explains them
 		c.ownLocked()
-	case c.perInterval(s.outcomes(), span) <= c.s.Headroom*ep.trigRate && same(s, ep.trig): // rule 4
+	case ep.trig.refused >= float64(c.s.MinFailures) && c.perInterval(s.outcomes(), span) <= c.s.Headroom*ep.trigRate && same(s, ep.trig): // rule 4
 		c.independentLocked(s)
 	default: // rule 7
-		took := c.perInterval(s.answered, span)
+		took := c.perInterval(max(s.answered, ep.answered), span)
 		if ep.tried {
 			c.setbackLocked(now)
 		}
@@ -246,8 +252,8 @@ func (c *Controller) ownLocked() {
 }
 
 // intervalLocked runs the episode's rules at the end of an Interval whose
-// outcomes were b.
-func (c *Controller) intervalLocked(b counts, now time.Time) {
+// outcomes were b, after one whose outcomes were prev.
+func (c *Controller) intervalLocked(b, prev counts, now time.Time) {
 	ep := &c.ep
 	if ep.took > 0 {
 		ep.lastTook = ep.took
@@ -268,18 +274,26 @@ func (c *Controller) intervalLocked(b counts, now time.Time) {
 	} else {
 		ep.quiet = 0
 	}
-	c.growLocked(now)
+	c.growLocked(now, b, prev)
 }
 
-// growLocked grows the rate while attempts wait and the server refuses
-// nothing beyond its own share (rule 8): after a Hold, back to what this
-// client's traffic got before the episode at once, past it by a factor
-// growth per Hold, never past growth times the attempts that come. With
-// nothing known, a slow start doubles it per Interval, up to what drains
-// the line within a Window if that is more.
-func (c *Controller) growLocked(now time.Time) {
+// growLocked grows the rate while attempts wait, the server refuses
+// nothing beyond its own share and it keeps up with the rate (rule 8):
+// after a Hold, back to what this client's traffic got before the
+// episode at once, past it by a factor growth per Hold, never past growth
+// times the attempts that come. With nothing known, a slow start doubles
+// it per Interval, up to what drains the line within a Window if that is
+// more. The server keeps up unless it ended fewer than keptUp of the
+// attempts sent in the last two Intervals (b and prev), and MinFailures
+// fewer at least: one that ends fewer queues them, and more would only
+// lengthen its queue until it refuses.
+func (c *Controller) growLocked(now time.Time, b, prev counts) {
 	ep := &c.ep
 	if ep.collapsed || ep.refusedLast || !ep.waited && len(c.line) == 0 {
+		return
+	}
+	sent, ended := b.sent+prev.sent, b.answered+b.refused+b.gone+prev.answered+prev.refused+prev.gone
+	if sent-ended > float64(c.s.MinFailures) && ended < keptUp*sent {
 		return
 	}
 	slow := ep.target == 0 && c.known == 0

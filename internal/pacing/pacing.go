@@ -326,7 +326,7 @@ func (c *Controller) foldLocked(now time.Time) {
 	c.intervals = min(c.intervals+ended, buckets)
 	if c.pacing.Load() {
 		for k := ended; k > 0 && c.pacing.Load(); k-- {
-			c.intervalLocked(c.ev.last(k), now)
+			c.intervalLocked(c.ev.last(k), c.ev.last(min(k+1, buckets)), now)
 		}
 		return
 	}

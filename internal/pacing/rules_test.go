@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -86,6 +87,30 @@ func calmRig(t *testing.T, set overload.Settings) *rig {
 	for range buckets {
 		r.calm(60)
 		r.advance(overload.DefaultInterval)
+	}
+	return r
+}
+
+// fellBehind is a calm rig whose server then answers half of what it is
+// sent, and refuses nothing, until the controller paces: a server that
+// queues what it cannot serve. Nothing it sent since is in flight.
+func fellBehind(t *testing.T) *rig {
+	t.Helper()
+	r := calmRig(t, overload.Settings{})
+	for range buckets {
+		for range 100 {
+			r.c.Sent()
+		}
+		for range 50 {
+			r.c.Done(Answered, 0)
+		}
+		r.advance(overload.DefaultInterval)
+		if r.c.State().Pacing {
+			break
+		}
+	}
+	if !r.c.Pacing() || r.c.ep.collapsed || r.c.ep.trig.refused != 0 {
+		t.Fatalf("falling behind: pacing %v, collapsed %v, evidence %+v; want pacing at a rate on no refusal", r.c.Pacing(), r.c.ep.collapsed, r.c.ep.trig)
 	}
 	return r
 }
@@ -365,6 +390,21 @@ func TestIndependentFailures(t *testing.T) {
 			t.Errorf("the run broken by an answer, 6 of 8 refused at a tenth of the rate: pacing %v, own share %.3f; want calm, %.3f learnt", r.c.Pacing(), r.c.base, want)
 		}
 	})
+	t.Run("refused after falling behind", func(t *testing.T) {
+		// Evidence without refusals has no share that a sample could
+		// match: refusals that come once a queueing server is full say
+		// it is overloaded still, not that it fails on its own.
+		r := fellBehind(t)
+		r.c.ep.before = 0
+		r.c.ep.sample, r.c.ep.sampleFrom = counts{sent: r.c.ep.trigRate / 10}, r.s.now.Add(-overload.DefaultInterval)
+		for range overload.DefaultMinFailures {
+			r.c.Done(Answered, 0)
+			r.c.Done(Overloaded, 0)
+		}
+		if !r.c.Pacing() || r.c.base != 0 {
+			t.Errorf("half refused at a tenth of the rate, after falling behind: pacing %v, own share %.3f; want pacing, nothing learnt", r.c.Pacing(), r.c.base)
+		}
+	})
 	t.Run("as much at a lower rate", func(t *testing.T) {
 		f := newFleet(1, 1, &flaky{p: 0.67}, partialLoad(), &overload.Settings{}).run()
 		c := f.ctls[0]
@@ -466,6 +506,28 @@ func TestSetback(t *testing.T) {
 	if got, want := r.c.ep.holdTill.Sub(r.s.now), 2*overload.DefaultHold; got != want {
 		t.Errorf("hold %v after the first setback, want %v", got, want)
 	}
+	t.Run("a queueing server's late answers count", func(t *testing.T) {
+		// A server that queues answers late what it refuses at once: the
+		// sample of the current rate has its refusals before most of its
+		// answers. What the server answered meanwhile counts, the
+		// answers to attempts sent before the rate too.
+		r := fellBehind(t)
+		r.c.ep.before = 30
+		r.c.ep.sampleFrom = r.s.now.Add(-overload.DefaultInterval)
+		for range 30 {
+			r.c.Done(Answered, 0)
+		}
+		for range overload.DefaultMinFailures {
+			r.c.Done(Answered, 0)
+			r.c.Done(Overloaded, 0)
+		}
+		if !r.c.Pacing() {
+			t.Fatal("not pacing")
+		}
+		if got, want := r.rate(), overload.DefaultHeadroom*float64(30+overload.DefaultMinFailures); !near(got, want) {
+			t.Errorf("rate %v after the setback, want %v: Headroom of the %d answers of the last Interval", got, want, 30+overload.DefaultMinFailures)
+		}
+	})
 }
 
 // Rule 8: while attempts wait and nothing is refused, the rate grows back
@@ -475,18 +537,60 @@ func TestGrowth(t *testing.T) {
 	r := calmRig(t, overload.Settings{})
 	r.outcomes(Overloaded, overload.DefaultMinFailures)
 	r.c.Done(Answered, 0) // restart at 60
-	for i := range 3 * buckets {
-		for range 80 { // 80 attempts come each Interval and are answered
-			if tk := r.ask(time.Minute, false); tk.told && tk.err == nil {
+	var waiting []*ticket
+	answer := func() { // every attempt sent is answered at once
+		waiting = slices.DeleteFunc(waiting, func(tk *ticket) bool {
+			if tk.told && tk.err == nil {
 				r.c.Done(Answered, 0)
 			}
+			return tk.told
+		})
+	}
+	for range 3 * buckets {
+		for range 80 { // 80 attempts come each Interval
+			waiting = append(waiting, r.ask(time.Minute, false))
+			answer()
 		}
-		r.advance(overload.DefaultInterval)
-		_ = i
+		for range 10 {
+			r.advance(overload.DefaultInterval / 10)
+			answer()
+		}
 	}
 	if got := r.rate(); got <= 60 || got > growth*80+1e-9 {
 		t.Errorf("rate %v after 3 s of 80 attempts an Interval, want above 60, at most %v", got, growth*80)
 	}
+	t.Run("not while the target queues", func(t *testing.T) {
+		// The target answers two of every three attempts sent, refusing
+		// none: it queues the rest, and more would only queue more.
+		r := calmRig(t, overload.Settings{})
+		r.outcomes(Overloaded, overload.DefaultMinFailures)
+		r.c.Done(Answered, 0) // restart at 60
+		sent := 0
+		var waiting []*ticket
+		answer := func() {
+			waiting = slices.DeleteFunc(waiting, func(tk *ticket) bool {
+				if tk.told && tk.err == nil {
+					if sent++; sent%3 != 0 {
+						r.c.Done(Answered, 0)
+					}
+				}
+				return tk.told
+			})
+		}
+		for range 3 * buckets {
+			for range 80 {
+				waiting = append(waiting, r.ask(time.Minute, false))
+				answer()
+			}
+			for range 10 {
+				r.advance(overload.DefaultInterval / 10)
+				answer()
+			}
+		}
+		if got := r.rate(); got > 60 {
+			t.Errorf("rate %v after 3 s of a target that answers two thirds of what it is sent, want no more than the 60 it restarted at", got)
+		}
+	})
 	t.Run("slow start", func(t *testing.T) {
 		r := newRig(t, overload.Settings{})
 		r.outcomes(Overloaded, freshAttempts*overload.DefaultMinFailures) // a fresh client: nothing known
