@@ -60,7 +60,7 @@
 //     (TestIndependentFailures)
 //  5. Collapse. A run of refusals, most of the attempts sent since the last
 //     answer, that the own share makes by chance less than once in 10⁴
-//     (at least MinFailures; the own share is counted as if MinFailures
+//     Intervals at the attempts this client sends (at least MinFailures; the own share is counted as if MinFailures
 //     more attempts had been refused at FailureRatio, so a client that
 //     has learnt little needs a longer run) says the target collapsed:
 //     only probes go, a quarter of what this client's traffic got per
