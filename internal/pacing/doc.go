@@ -82,7 +82,8 @@
 //  8. Growth. While attempts wait, nothing beyond the own share is
 //     refused and the target keeps up (it ended 90 % of the attempts sent
 //     in the last two Intervals, or all but MinFailures; one that ends
-//     fewer queues them): after a hold, back to what this client's traffic got
+//     fewer queues them, unless a layer below gave up on some, as in
+//     rule 2): after a hold, back to what this client's traffic got
 //     before the episode, then a tenth more per Hold, never past a tenth
 //     above the attempts that come (a fleet's sum varies more than one
 //     client's); with nothing known, a slow start that doubles per

@@ -286,14 +286,16 @@ func (c *Controller) intervalLocked(b, prev counts, now time.Time) {
 // more. The server keeps up unless it ended fewer than keptUp of the
 // attempts sent in the last two Intervals (b and prev), and MinFailures
 // fewer at least: one that ends fewer queues them, and more would only
-// lengthen its queue until it refuses.
+// lengthen its queue until it refuses. As in rule 2, a server whose layer
+// below gave up on some of them is not queueing: that layer holds calls
+// back already.
 func (c *Controller) growLocked(now time.Time, b, prev counts) {
 	ep := &c.ep
 	if ep.collapsed || ep.refusedLast || !ep.waited && len(c.line) == 0 {
 		return
 	}
 	sent, ended := b.sent+prev.sent, b.answered+b.refused+b.gone+prev.answered+prev.refused+prev.gone
-	if sent-ended > float64(c.s.MinFailures) && ended < keptUp*sent {
+	if b.below+prev.below == 0 && sent-ended > float64(c.s.MinFailures) && ended < keptUp*sent {
 		return
 	}
 	slow := ep.target == 0 && c.known == 0

@@ -590,38 +590,18 @@ func TestGrowth(t *testing.T) {
 	if got := r.rate(); got <= 60 || got > growth*80+1e-9 {
 		t.Errorf("rate %v after 3 s of 80 attempts an Interval, want above 60, at most %v", got, growth*80)
 	}
-	t.Run("not while the target queues", func(t *testing.T) {
-		// The target answers two of every three attempts sent, refusing
-		// none: it queues the rest, and more would only queue more.
-		r := calmRig(t, overload.Settings{})
-		r.outcomes(Overloaded, overload.DefaultMinFailures)
-		r.c.Done(Answered, 0) // restart at 60
-		sent := 0
-		var waiting []*ticket
-		answer := func() {
-			waiting = slices.DeleteFunc(waiting, func(tk *ticket) bool {
-				if tk.told && tk.err == nil {
-					if sent++; sent%3 != 0 {
-						r.c.Done(Answered, 0)
-					}
-				}
-				return tk.told
-			})
-		}
-		for range 3 * buckets {
-			for range 80 {
-				waiting = append(waiting, r.ask(time.Minute, false))
-				answer()
-			}
-			for range 10 {
-				r.advance(overload.DefaultInterval / 10)
-				answer()
-			}
-		}
-		if got := r.rate(); got > 60 {
-			t.Errorf("rate %v after 3 s of a target that answers two thirds of what it is sent, want no more than the 60 it restarted at", got)
-		}
-	})
+	for _, tc := range []struct {
+		name  string
+		below bool // a layer below gives up on some, saying so
+		grows bool
+	}{
+		{"not while the target queues", false, false},
+		{"while a layer below holds calls back", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			growsUnlessQueued(t, tc.below, tc.grows)
+		})
+	}
 	t.Run("slow start", func(t *testing.T) {
 		r := newRig(t, overload.Settings{})
 		r.outcomes(Overloaded, freshAttempts*overload.DefaultMinFailures) // a fresh client: nothing known
@@ -782,4 +762,44 @@ func partialLoad() load {
 	l := steadyLoad()
 	l.dur = 6 * time.Second
 	return l
+}
+
+// growsUnlessQueued restarts a rig at 60 an Interval and offers 80 an
+// Interval for 3 s to a target that answers two of every three attempts
+// sent and refuses none: it queues the rest (rule 8: no growth), unless a
+// layer below gave up on some of them, saying so (below: it grows).
+func growsUnlessQueued(t *testing.T, below, grows bool) {
+	t.Helper()
+	r := calmRig(t, overload.Settings{})
+	r.outcomes(Overloaded, overload.DefaultMinFailures)
+	r.c.Done(Answered, 0) // restart at 60
+	sent := 0
+	var waiting []*ticket
+	answer := func() {
+		waiting = slices.DeleteFunc(waiting, func(tk *ticket) bool {
+			if tk.told && tk.err == nil {
+				sent++
+				switch {
+				case sent%3 != 0:
+					r.c.Done(Answered, 0)
+				case below && sent%30 == 0:
+					r.c.Done(Below, 0)
+				}
+			}
+			return tk.told
+		})
+	}
+	for range 3 * buckets {
+		for range 80 {
+			waiting = append(waiting, r.ask(time.Minute, false))
+			answer()
+		}
+		for range 10 {
+			r.advance(overload.DefaultInterval / 10)
+			answer()
+		}
+	}
+	if got := r.rate(); (got > 60) != grows {
+		t.Errorf("rate %v after 3 s of a target that answers two thirds of what it is sent (a layer below giving up on some: %v): want it grown past the 60 it restarted at: %v", got, below, grows)
+	}
 }
