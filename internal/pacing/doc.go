@@ -60,9 +60,10 @@
 //     (TestIndependentFailures)
 //  5. Collapse. A run of refusals, most of the attempts sent since the last
 //     answer, that the own share makes by chance less than once in 10⁴
-//     Intervals at the attempts this client sends (at least MinFailures; the own share is counted as if MinFailures
-//     more attempts had been refused at FailureRatio, so a client that
-//     has learnt little needs a longer run) says the target collapsed:
+//     Intervals at the attempts this client sends (at least MinFailures;
+//     the own share is counted as if MinFailures more attempts had been
+//     refused at FailureRatio, so a client that has learnt little needs a
+//     longer run) says the target collapsed:
 //     only probes go, a quarter of what this client's traffic got per
 //     Interval (before anything was answered, a sixteenth of what it
 //     asked to send), at most one per Interval and at least one per 2 s,
@@ -75,10 +76,9 @@
 //  7. Setback. Refusals beyond the own share at the current rate bring it
 //     to Headroom of what the target answered since that rate was set
 //     (every answer: a target that queues answers late what it refuses at
-//     once); if the rate was one the
-//     controller tried (a restart or growth), the target rate falls to
-//     Headroom of the rate before that step, and the next hold doubles.
-//     (TestSetback)
+//     once); if the rate was one the controller tried (a restart or
+//     growth), the target rate falls to Headroom of the rate before that
+//     step, and the next hold doubles. (TestSetback)
 //  8. Growth. While attempts wait, nothing beyond the own share is
 //     refused and the target keeps up (it ended 90 % of the attempts sent
 //     in the last two Intervals, or all but MinFailures; one that ends

@@ -200,7 +200,7 @@ func (c *Controller) decideLocked(now time.Time) {
 	case ep.trig.refused >= float64(c.s.MinFailures) && c.perInterval(s.outcomes(), span) <= c.s.Headroom*ep.trigRate && same(s, ep.trig): // rule 4
 		c.independentLocked(s)
 	default: // rule 7
-		took := c.perInterval(max(s.answered, ep.answered), span)
+		took := c.perInterval(ep.answered, span)
 		if ep.tried {
 			c.setbackLocked(now)
 		}

@@ -434,16 +434,16 @@ func (c *Controller) aboveOwn(e counts) bool {
 // up to n/MinFailures runs of MinFailures in it, so it needs a run whose
 // chance is below chance·MinFailures/n: a run of 23 in a row at a 67 %
 // share is once in 10⁴ attempts, many times a second for a client that
-// sends thousands. That share is
-// the one learnt (rule 3), counted as if MinFailures more attempts had
-// been refused at FailureRatio, so that a client that has learnt little
-// judges a run as if the server failed FailureRatio on its own.
+// sends thousands. That share is the one learnt (rule 3), counted as if
+// MinFailures more attempts had been refused at FailureRatio, so that a
+// client that has learnt little judges a run as if the server failed
+// FailureRatio on its own.
 func (c *Controller) collapsedRun() bool {
 	need := float64(c.s.MinFailures)
 	own := (c.baseR + c.s.FailureRatio*need) / (c.baseN + need)
 	if own > 0 && own < 1 {
-		n := max(1, c.ev.total().sent/buckets/need) // runs an Interval, over the Window
-		need = max(need, math.Log(chance/n)/math.Log(own))
+		runs := max(1, c.ev.total().sent/buckets/float64(c.s.MinFailures)) // an Interval, over the Window
+		need = max(need, math.Log(chance/runs)/math.Log(own))
 	}
 	// Refusals often come back ahead of the answers to attempts sent with
 	// them: the run is a collapse only once it is most of the attempts in

@@ -47,6 +47,18 @@ func (r *rig) outcomes(o Outcome, n int) {
 	}
 }
 
+// behind reports an Interval in which 100 attempts were sent while calm and
+// 50 answered, and ends it: a server that queues what it cannot serve.
+func (r *rig) behind() {
+	for range 100 {
+		r.c.Sent()
+	}
+	for range 50 {
+		r.c.Done(Answered, 0)
+	}
+	r.advance(overload.DefaultInterval)
+}
+
 // ticket is an attempt that asked the controller: err is what it was told
 // (nil: go), told whether it was told yet.
 type ticket struct {
@@ -98,14 +110,7 @@ func fellBehind(t *testing.T) *rig {
 	t.Helper()
 	r := calmRig(t, overload.Settings{})
 	for range buckets {
-		for range 100 {
-			r.c.Sent()
-		}
-		for range 50 {
-			r.c.Done(Answered, 0)
-		}
-		r.advance(overload.DefaultInterval)
-		if r.c.State().Pacing {
+		if r.behind(); r.c.State().Pacing {
 			break
 		}
 	}
@@ -234,13 +239,7 @@ func TestOverload(t *testing.T) {
 	t.Run("falling behind", func(t *testing.T) {
 		r := calmRig(t, overload.Settings{})
 		for i := range buckets {
-			for range 100 {
-				r.c.Sent()
-			}
-			for range 50 {
-				r.c.Done(Answered, 0)
-			}
-			r.advance(overload.DefaultInterval)
+			r.behind()
 			r.c.State() // the Interval ends
 			// The queue grows by 50 an Interval; the last two Intervals
 			// sent 200, which may still be in flight.
@@ -285,14 +284,7 @@ func TestOwnShare(t *testing.T) {
 	}
 	// A server that falls behind teaches nothing of what it takes.
 	for range buckets {
-		for range 100 {
-			r.c.Sent()
-		}
-		for range 50 {
-			r.c.Done(Answered, 0)
-		}
-		r.advance(overload.DefaultInterval)
-		if r.c.Pacing() {
+		if r.behind(); r.c.Pacing() {
 			break
 		}
 	}
@@ -567,26 +559,8 @@ func TestSetback(t *testing.T) {
 func TestGrowth(t *testing.T) {
 	r := calmRig(t, overload.Settings{})
 	r.outcomes(Overloaded, overload.DefaultMinFailures)
-	r.c.Done(Answered, 0) // restart at 60
-	var waiting []*ticket
-	answer := func() { // every attempt sent is answered at once
-		waiting = slices.DeleteFunc(waiting, func(tk *ticket) bool {
-			if tk.told && tk.err == nil {
-				r.c.Done(Answered, 0)
-			}
-			return tk.told
-		})
-	}
-	for range 3 * buckets {
-		for range 80 { // 80 attempts come each Interval
-			waiting = append(waiting, r.ask(time.Minute, false))
-			answer()
-		}
-		for range 10 {
-			r.advance(overload.DefaultInterval / 10)
-			answer()
-		}
-	}
+	r.c.Done(Answered, 0)                            // restart at 60
+	r.offer(80, func(int) { r.c.Done(Answered, 0) }) // every attempt sent is answered at once
 	if got := r.rate(); got <= 60 || got > growth*80+1e-9 {
 		t.Errorf("rate %v after 3 s of 80 attempts an Interval, want above 60, at most %v", got, growth*80)
 	}
@@ -773,33 +747,42 @@ func growsUnlessQueued(t *testing.T, below, grows bool) {
 	r := calmRig(t, overload.Settings{})
 	r.outcomes(Overloaded, overload.DefaultMinFailures)
 	r.c.Done(Answered, 0) // restart at 60
-	sent := 0
+	r.offer(80, func(sent int) {
+		switch {
+		case sent%3 != 0:
+			r.c.Done(Answered, 0)
+		case below && sent%30 == 0:
+			r.c.Done(Below, 0)
+		}
+	})
+	if got := r.rate(); (got > 60) != grows {
+		t.Errorf("rate %v after 3 s of a target that answers two thirds of what it is sent (a layer below giving up on some: %v): want it grown past the 60 it restarted at: %v", got, below, grows)
+	}
+}
+
+// offer asks the rig for n attempts an Interval for 3 s, deadlines a
+// minute away, and calls sent with the count so far of each attempt told
+// to go, as soon as it is (a tenth of an Interval later at most).
+func (r *rig) offer(n int, sent func(int)) {
+	count := 0
 	var waiting []*ticket
-	answer := func() {
+	tell := func() {
 		waiting = slices.DeleteFunc(waiting, func(tk *ticket) bool {
 			if tk.told && tk.err == nil {
-				sent++
-				switch {
-				case sent%3 != 0:
-					r.c.Done(Answered, 0)
-				case below && sent%30 == 0:
-					r.c.Done(Below, 0)
-				}
+				count++
+				sent(count)
 			}
 			return tk.told
 		})
 	}
 	for range 3 * buckets {
-		for range 80 {
+		for range n {
 			waiting = append(waiting, r.ask(time.Minute, false))
-			answer()
+			tell()
 		}
 		for range 10 {
 			r.advance(overload.DefaultInterval / 10)
-			answer()
+			tell()
 		}
-	}
-	if got := r.rate(); (got > 60) != grows {
-		t.Errorf("rate %v after 3 s of a target that answers two thirds of what it is sent (a layer below giving up on some: %v): want it grown past the 60 it restarted at: %v", got, below, grows)
 	}
 }
