@@ -127,7 +127,7 @@ func TestNoHarmPartialFailuresOpenLoop(t *testing.T) {
 					got[st.name], calls = append(got[st.name], okCount(errs)), len(errs)
 				}
 			}
-			alone, defaults := medianOf(got["retries alone"]), medianOf(got["defaults"])
+			alone, defaults := median(got["retries alone"]), median(got["defaults"])
 			t.Logf("p = %g: %d calls a run; ok: retries alone %v (median %d), defaults %v (median %d)", p, calls, got["retries alone"], alone, got["defaults"], defaults)
 			if defaults < alone-calls/20 {
 				t.Errorf("p = %g: the defaults got %d of %d calls through (median of 3), retries alone %d: want at most 5 %% of the calls fewer",
@@ -137,8 +137,8 @@ func TestNoHarmPartialFailuresOpenLoop(t *testing.T) {
 	}
 }
 
-// medianOf returns the median of three counts.
-func medianOf(n []int) int {
+// median returns the median of an odd number of counts.
+func median(n []int) int {
 	s := slices.Clone(n)
 	slices.Sort(s)
 	return s[len(s)/2]
@@ -168,33 +168,40 @@ func closedLoop(c testgrpc.TestServiceClient, workers int, d time.Duration) int 
 // TestTimingNoHarmPartialFailuresClosedLoop: 8 callers in a closed loop,
 // waits of 1 to 10 ms, to a server that fails two attempts in three on its
 // own: the defaults make at least 0.8 of the calls ok that retries alone
-// make. It counts calls a second, which the race detector's overhead sets
-// (more of it for the defaults, which run the breaker and the controller
-// too): make test runs it without -race. Before, they made 11 ok calls a
-// second against 7,496 (issue 32's second measurement).
+// make, medians of 5 runs of each, taken in turn. Single runs of 1.5 s
+// spread: the defaults made 0.77 to 0.96 of retries alone's calls ok on
+// the 2-core machine, as a run of refusals the server's own share makes
+// now and then at thousands of attempts a second is taken for a collapse,
+// and holds the callers to probes until the next answer. It counts calls
+// a second, which the race detector's overhead sets (more of it for the
+// defaults, which run the breaker and the controller too): make test runs
+// it without -race.
 func TestTimingNoHarmPartialFailuresClosedLoop(t *testing.T) {
 	if raceEnabled {
 		t.Skip("counts calls a second, which the race detector's overhead sets; make test runs it without -race")
 	}
 	p := policy.Policy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond}
-	got := map[string]int{}
-	for _, st := range []struct {
-		name string
-		opts []Option
-	}{
-		{"retries alone", retriesAlone(p)},
-		{"defaults", []Option{WithPolicy(p)}},
-	} {
-		srv, _ := flakyServer(t, 0.67, 2)
-		ic, err := New(st.opts...)
-		if err != nil {
-			t.Fatal(err)
+	got := map[string][]int{}
+	for range 5 {
+		for _, st := range []struct {
+			name string
+			opts []Option
+		}{
+			{"retries alone", retriesAlone(p)},
+			{"defaults", []Option{WithPolicy(p)}},
+		} {
+			srv, _ := flakyServer(t, 0.67, 2)
+			ic, err := New(st.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[st.name] = append(got[st.name], closedLoop(srv.Client(t, ic.DialOptions()...), 8, 1500*time.Millisecond))
 		}
-		got[st.name] = closedLoop(srv.Client(t, ic.DialOptions()...), 8, 1500*time.Millisecond)
 	}
-	t.Logf("ok calls in 1.5 s: retries alone %d, defaults %d", got["retries alone"], got["defaults"])
-	if got["defaults"]*10 < got["retries alone"]*8 {
-		t.Errorf("the defaults made %d ok calls, retries alone %d: want at least 0.8 of them", got["defaults"], got["retries alone"])
+	alone, defaults := median(got["retries alone"]), median(got["defaults"])
+	t.Logf("ok calls in 1.5 s: retries alone %v (median %d), defaults %v (median %d)", got["retries alone"], alone, got["defaults"], defaults)
+	if defaults*10 < alone*8 {
+		t.Errorf("the defaults made %d ok calls (median of 5), retries alone %d: want at least 0.8 of them", defaults, alone)
 	}
 }
 

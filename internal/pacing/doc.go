@@ -60,10 +60,9 @@
 //     (TestIndependentFailures)
 //  5. Collapse. A run of refusals, most of the attempts sent since the last
 //     answer, that the own share makes by chance less than once in 10⁴
-//     Intervals at the attempts this client sends (at least MinFailures;
-//     the own share is counted as if MinFailures more attempts had been
-//     refused at FailureRatio, so a client that has learnt little needs a
-//     longer run) says the target collapsed:
+//     (at least MinFailures; the own share is counted as if MinFailures
+//     more attempts had been refused at FailureRatio, so a client that
+//     has learnt little needs a longer run) says the target collapsed:
 //     only probes go, a quarter of what this client's traffic got per
 //     Interval (before anything was answered, a sixteenth of what it
 //     asked to send), at most one per Interval and at least one per 2 s,

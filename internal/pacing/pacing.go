@@ -39,8 +39,7 @@ const (
 	// the evidence that lowered the rate is refused as much (rule 4).
 	sdSame = 2
 	// chance: a collapse is a run of refusals that the share the server
-	// fails on its own would make less often than this, per Interval
-	// (rule 5).
+	// fails on its own would make less often than this (rule 5).
 	chance = 1e-4
 	// probeShare: a collapsed server is probed at 1/probeShare of what
 	// this client's traffic got from it per Interval (rule 5), at most
@@ -430,11 +429,7 @@ func (c *Controller) aboveOwn(e counts) bool {
 // collapsedRun reports whether the refusals since the server's last answer
 // show it collapsed (rule 5): at least MinFailures of them, and a longer
 // run than the share the server fails on its own makes by chance once in
-// 1/chance Intervals. A client that sends n attempts an Interval may see
-// up to n/MinFailures runs of MinFailures in it, so it needs a run whose
-// chance is below chance·MinFailures/n: a run of 23 in a row at a 67 %
-// share is once in 10⁴ attempts, many times a second for a client that
-// sends thousands. That share is the one learnt (rule 3), counted as if
+// 1/chance. That share is the one learnt (rule 3), counted as if
 // MinFailures more attempts had been refused at FailureRatio, so that a
 // client that has learnt little judges a run as if the server failed
 // FailureRatio on its own.
@@ -442,8 +437,7 @@ func (c *Controller) collapsedRun() bool {
 	need := float64(c.s.MinFailures)
 	own := (c.baseR + c.s.FailureRatio*need) / (c.baseN + need)
 	if own > 0 && own < 1 {
-		runs := max(1, c.ev.total().sent/buckets/float64(c.s.MinFailures)) // an Interval, over the Window
-		need = max(need, math.Log(chance/runs)/math.Log(own))
+		need = max(need, math.Log(chance)/math.Log(own))
 	}
 	// Refusals often come back ahead of the answers to attempts sent with
 	// them: the run is a collapse only once it is most of the attempts in

@@ -444,37 +444,6 @@ func TestCollapseAndProbes(t *testing.T) {
 			t.Error("a run of 10 at a server failing 67 % on its own: collapsed")
 		}
 	})
-	t.Run("a run the own share explains at a client that sends much", func(t *testing.T) {
-		// 1000 attempts an Interval at a server failing 67 % on its own:
-		// a run of 30 is once in 10⁵ attempts, a few times a second. It
-		// takes a run that is rare in 10⁴ Intervals at that many.
-		r := newRig(t, overload.Settings{})
-		r.c.base, r.c.baseR, r.c.baseN = 0.67, 670, 1000
-		for range buckets {
-			for range 1000 {
-				r.c.Sent()
-				if r.s.rng.Float64() < 0.33 {
-					r.c.Done(Answered, 0)
-				} else {
-					r.c.Done(Overloaded, 0)
-				}
-			}
-			r.advance(overload.DefaultInterval)
-		}
-		if st := r.c.State(); st.Episodes != 0 {
-			t.Fatalf("67 %% refused at random, the server's own share: %+v", st)
-		}
-		r.c.Done(Answered, 0)
-		r.outcomes(Overloaded, 30)
-		if r.c.Pacing() {
-			t.Error("a run of 30 at a client sending 1000 an Interval to a server failing 67 % on its own: pacing")
-		}
-		// 200 runs of 5 an Interval: a run of 37 is once in 10⁴ Intervals
-		r.outcomes(Overloaded, 30)
-		if !r.c.Pacing() || !r.c.ep.collapsed {
-			t.Errorf("a run of 60: pacing %v, collapsed %v; want a collapse", r.c.Pacing(), r.c.ep.collapsed)
-		}
-	})
 	t.Run("a small client's probes", func(t *testing.T) {
 		r := newRig(t, overload.Settings{})
 		for range buckets { // 0.6 answers an Interval
