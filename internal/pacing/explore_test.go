@@ -226,8 +226,11 @@ func TestSummary(t *testing.T) {
 			fmt.Fprintf(&line, "%-8s N=%-3d", sc.name, n)
 			for _, st := range strategies {
 				sum, least, rec := 0.0, 101.0, time.Duration(0)
+				var att, last float64
 				for seed := range seeds {
 					r := runStrategy(sc, n, st, uint64(seed+1))
+					att += float64(r.attempts) / float64(r.calls) / float64(seeds)
+					last += r.last.Seconds() / float64(seeds)
 					p := 100 * float64(r.ok) / float64(r.calls)
 					sum += p
 					least = min(least, p)
@@ -235,6 +238,9 @@ func TestSummary(t *testing.T) {
 				}
 				if st == "herdguard" {
 					fmt.Fprintf(&line, "  hg %5.1f (least %5.1f, rec ≤%v)", sum/float64(seeds), least, rec)
+					if sc.l.herd > 0 {
+						fmt.Fprintf(&line, " att %.2f/call last %.1fs", att, last)
+					}
 				} else {
 					fmt.Fprintf(&line, "  %s %5.1f", st, sum/float64(seeds))
 				}
