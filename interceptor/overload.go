@@ -89,7 +89,7 @@ func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *paci
 // overload fresh calls go first, and a retry goes as soon as the server
 // takes it, not a backoff later.
 func inLine(ctl *pacing.Controller, d decision, err error) bool {
-	if ctl == nil || !ctl.Pacing() || d.jitter == "pushback" {
+	if ctl == nil || !ctl.Pacing() || d.pushback {
 		return false
 	}
 	o := loadOutcome(err)

@@ -863,3 +863,47 @@ func firstMessage(ctx context.Context, c grpc_testing.TestServiceClient) error {
 	}
 	return err
 }
+
+// A retry whose wait the server set (a pushback) waits as told, not in
+// the controller's line; a retry of an attempt refused for load waits in
+// the line while the controller paces. The decision says which by a typed
+// field, whatever the wait's name in the span.
+func TestInLineLeavesPushbacksToTheServer(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	ctl, err := pacing.New(overload.Settings{MinFailures: 1}, pacing.Env{
+		Now:       func() time.Time { return now },
+		AfterFunc: func(time.Duration, func()) func() bool { return func() bool { return true } },
+		Rand:      func() float64 { return 0.5 },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 { // at MinFailures 1, four refusals start the pacing
+		ctl.Sent()
+		ctl.Done(pacing.Overloaded, 0)
+	}
+	if !ctl.Pacing() {
+		t.Fatal("not pacing")
+	}
+	refused := status.Error(codes.Unavailable, "overloaded")
+	for _, tt := range []struct {
+		name string
+		d    decision
+		err  error
+		want bool
+	}{
+		{"backoff after a refusal", decision{retry: true, jitter: "full"}, refused, true},
+		{"pushback after a refusal", decision{retry: true, pushback: true, jitter: "pushback"}, refused, false},
+		{"a pushback whatever its name", decision{retry: true, pushback: true, jitter: "full"}, refused, false},
+		{"backoff after an answer", decision{retry: true, jitter: "full"}, status.Error(codes.Internal, "bug"), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := inLine(ctl, tt.d, tt.err); got != tt.want {
+				t.Errorf("inLine = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	if inLine(nil, decision{retry: true}, refused) {
+		t.Error("inLine without a controller = true, want false")
+	}
+}

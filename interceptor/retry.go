@@ -48,11 +48,13 @@ type attemptEnd struct {
 // decision is what follows a failed attempt: a wait and another attempt,
 // or the end of the call with its outcome and error.
 type decision struct {
-	retry   bool
-	wait    time.Duration
-	jitter  string // the Jitter's name, or "pushback"
-	outcome Outcome
-	err     error
+	retry bool
+	wait  time.Duration
+	// pushback: the wait is the server's own (gRFC A6), not a backoff.
+	pushback bool
+	jitter   string // the span's name for the wait: the Jitter's, or "pushback"
+	outcome  Outcome
+	err      error
 	// gaveUpBelow: the call stops on a "do not retry" pushback that came
 	// with the herdguard-gave-up trailer (a layer below gave up).
 	gaveUpBelow bool
@@ -132,7 +134,7 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 	d := decision{retry: true, jitter: p.p.Jitter.String()}
 	if present {
 		// gRFC A6: wait as told, then start the backoff afresh.
-		d.wait, d.jitter, bs.retries, bs.prev = wait, "pushback", 0, 0
+		d.wait, d.pushback, d.jitter, bs.retries, bs.prev = wait, true, "pushback", 0, 0
 	} else {
 		bs.retries++
 		d.wait = p.p.Backoff(bs.retries, bs.prev, ic.rand())
