@@ -374,18 +374,7 @@ func TestOverloadRetryWaitsInLine(t *testing.T) {
 // has none.
 func TestOverloadRetryInLineAtOnceIsTraced(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	ctl, err := pacing.New(overload.Settings{MinFailures: 1}, pacing.Env{
-		Now:       func() time.Time { return now },
-		AfterFunc: func(time.Duration, func()) func() bool { return func() bool { return true } },
-		Rand:      func() float64 { return 0.5 },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 4 { // at MinFailures 1, four refusals start the pacing
-		ctl.Sent()
-		ctl.Done(pacing.Overloaded, 0)
-	}
+	ctl := pacedController(t, &now)
 	ctl.Done(pacing.Answered, time.Millisecond) // the restart: a rate, and a token a second later
 	now = now.Add(time.Second)
 	if !ctl.Pacing() {
@@ -870,18 +859,7 @@ func firstMessage(ctx context.Context, c grpc_testing.TestServiceClient) error {
 // field, whatever the wait's name in the span.
 func TestInLineLeavesPushbacksToTheServer(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	ctl, err := pacing.New(overload.Settings{MinFailures: 1}, pacing.Env{
-		Now:       func() time.Time { return now },
-		AfterFunc: func(time.Duration, func()) func() bool { return func() bool { return true } },
-		Rand:      func() float64 { return 0.5 },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 4 { // at MinFailures 1, four refusals start the pacing
-		ctl.Sent()
-		ctl.Done(pacing.Overloaded, 0)
-	}
+	ctl := pacedController(t, &now)
 	if !ctl.Pacing() {
 		t.Fatal("not pacing")
 	}
@@ -906,4 +884,24 @@ func TestInLineLeavesPushbacksToTheServer(t *testing.T) {
 	if inLine(nil, decision{retry: true}, refused) {
 		t.Error("inLine without a controller = true, want false")
 	}
+}
+
+// pacedController returns a controller on the fake time *now, with
+// MinFailures 1, that four refusals have started pacing (collapsed: probes
+// only, the first at a mean gap, at the random source's 0.5).
+func pacedController(t *testing.T, now *time.Time) *pacing.Controller {
+	t.Helper()
+	ctl, err := pacing.New(overload.Settings{MinFailures: 1}, pacing.Env{
+		Now:       func() time.Time { return *now },
+		AfterFunc: func(time.Duration, func()) func() bool { return func() bool { return true } },
+		Rand:      func() float64 { return 0.5 },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 { // at MinFailures 1, four refusals start the pacing
+		ctl.Sent()
+		ctl.Done(pacing.Overloaded, 0)
+	}
+	return ctl
 }
