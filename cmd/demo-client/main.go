@@ -9,7 +9,7 @@
 //	demo-client -addr 127.0.0.1:7000 -otlp 127.0.0.1:4317 -jaeger http://127.0.0.1:16686 -trace-svg call.svg
 //	demo-client -mesh -server-bin bin/demo-server -ggm-tier-bin bin/ggm-tier -scale 2 -runs 3 -mesh-svg mesh.svg
 //
-// With -mesh it runs the mesh lab instead (issue 33): a chain of demo-server
+// With -mesh it runs the mesh lab instead: a chain of demo-server
 // processes on 127.0.0.1, user client -> gateway -> service -> leaf, started
 // afresh for every run of every mesh strategy, and reports the attempts the
 // leaf received per user call at a healthy leaf and through the leaf's
@@ -33,8 +33,8 @@
 // multiplies a steady load's rate, so a comparison fits in about a minute;
 // -scale 1 reproduces the published times. The herds (herd-20, herd-80,
 // herd-320) and the brownouts under steady load (steady-cut, steady-outage,
-// steady-gentle) are issue 14's; -runs N runs each strategy N times and
-// prints the medians.
+// steady-gentle) are those of docs/stormlab.md; -runs N runs each strategy
+// N times and prints the medians.
 package main
 
 import (

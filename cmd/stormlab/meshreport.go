@@ -233,8 +233,9 @@ func meshSection(title string, rows []MeshSummary, y0 int) (string, int, int) {
 	return b.String(), height, left + plotW + 20 + legendW
 }
 
-// MeshHarm checks issue 33's promise on one brownout's rows and returns
-// what breaks it: the server half makes the leaf receive at most 1.1
+// MeshHarm checks that the server half holds the leaf to one retrying
+// layer without costing calls, on one brownout's rows, and returns what
+// breaks it: the server half makes the leaf receive at most 1.1
 // times the attempts per user call of the last hop only, and gets at
 // least the last hop only's calls ok less 1 point, and at least those of
 // herdguard at every layer.

@@ -22,7 +22,7 @@ var PartialShares = []float64{0.3, 0.5, 0.67, 0.8, 1}
 // ClosedLoopWorkers is how many callers a closed-loop partial failure has.
 const ClosedLoopWorkers = 16
 
-// Partial is the partial failure of issue 32, open loop: 600 calls/s for
+// Partial is the partial failure, open loop: 600 calls/s for
 // 6 s, each with a 2 s deadline, retried (when retried) by policy.Default.
 // The server has no capacity limit and answers at once, but fails each
 // attempt on its own with probability p, with Unavailable: dead replicas

@@ -226,8 +226,8 @@ func drawPartial(title string, rows []PartialRow, closed bool, y0 int) (string, 
 	return b.String(), height, left + plotW + 20 + legendW
 }
 
-// PartialHarm checks issue 32's promise on the rows of one loop and
-// returns what breaks it: at every p below 1 the defaults get the calls
+// PartialHarm checks that the defaults do no harm on the rows of one loop,
+// and returns what breaks it: at every p below 1 the defaults get the calls
 // ok of retries alone, less 1 point of the calls (open loop) or at least
 // 0.9 of its ok calls a second (closed loop); at a dead server (p = 1)
 // they send at most 5 % of the attempts that retries alone sends, or 25 a

@@ -26,7 +26,7 @@ const DefaultBucket = 250 * time.Millisecond
 // from some time on for a steady-load run to count as recovered then.
 const RecoveredShare = 0.95
 
-// Herd is the one-shot herd of issue 14 at capacity c: 1000 calls at once,
+// Herd is the one-shot herd at capacity c: 1000 calls at once,
 // 5 attempts, a 1 s first wait with full jitter; the sticky server takes c
 // attempts per 100 ms and, once over, fails everything until arrivals have
 // stayed within capacity for 1 s.
@@ -56,7 +56,7 @@ func HerdsDeadline() []Scenario {
 // IsHerd reports whether sc is one of the herds made by [Herd].
 func (sc Scenario) IsHerd() bool { return sc.herd }
 
-// steady is the steady load of issue 14: 600 calls/s for 12 s, each with a
+// steady is the steady load with a brownout: 600 calls/s for 12 s, each with a
 // 2 s deadline, retried (when retried) by policy.Default; the server takes
 // 800 attempts/s (80 per 100 ms window); from t = 3 s a trigger.
 func steady(name string, model string, f func(*Faults)) Scenario {
