@@ -279,9 +279,7 @@ type heldClock struct{ *testutil.Clock }
 
 func newHeldClock() *heldClock { return &heldClock{testutil.NewClock(time.Now())} }
 
-func (*heldClock) Now() time.Time                              { return time.Now() }
-func (c *heldClock) NewTimer(d time.Duration) timer            { return c.Clock.NewTimer(d) }
-func (c *heldClock) AfterFunc(d time.Duration, f func()) timer { return c.Clock.AfterFunc(d, f) }
+func (*heldClock) Now() time.Time { return time.Now() }
 
 // hungServer answers calls whose payload is "fail" with Unavailable at once
 // and hangs on any other until its context ends. A hanging handler first

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/wire"
 
 	"google.golang.org/grpc"
@@ -216,7 +217,8 @@ func TestHeadersStopThePerAttemptTimeout(t *testing.T) {
 		time.Sleep(late)
 		return ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("late")})
 	}})
-	c, _ := streamClient(t, srv, WithoutBreaker(), WithPolicy(policy.Policy{PerAttemptTimeout: timeout}))
+	c, _ := streamClient(t, srv, WithoutBreaker(), withClock(clock.Real()), // the per-attempt timeout in real time
+		WithPolicy(policy.Policy{PerAttemptTimeout: timeout}))
 	s, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/names"
 	"github.com/herdguard/herdguard/internal/wire"
 	"github.com/herdguard/herdguard/telemetry"
@@ -42,8 +43,7 @@ func newManualClock() *manualClock {
 	return &manualClock{testutil.NewClock(time.Now(), testutil.Async()), testutil.NewClock(time.Now(), testutil.Instant())}
 }
 
-func (c *manualClock) NewTimer(d time.Duration) timer            { return c.waits.NewTimer(d) }
-func (c *manualClock) AfterFunc(d time.Duration, f func()) timer { return c.Clock.AfterFunc(d, f) }
+func (c *manualClock) NewTimer(d time.Duration) clock.Timer { return c.waits.NewTimer(d) }
 
 // waitArmed waits until a timer has been set to d.
 func (c *manualClock) waitArmed(t *testing.T, d time.Duration) {

@@ -8,6 +8,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/herdguard/herdguard/internal/clock"
 )
 
 // hedger is the one scheduler of gRFC A6 hedging, for a hedged unary call
@@ -52,7 +54,7 @@ type hedger struct {
 	wg   *sync.WaitGroup // counts the timer's callbacks scheduled or running; nil: not counted
 
 	// Guarded by the caller's lock.
-	timer       timer
+	timer       clock.Timer
 	noMore      bool   // no further hedge may go
 	stopped     bool   // a pushback said not to hedge again
 	refused     string // what refused a hedge: "breaker", "overload", "throttling", "hedge_budget" or "ratio"

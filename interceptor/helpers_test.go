@@ -37,9 +37,6 @@ func newFakeClock() *fakeClock {
 	return &fakeClock{testutil.NewClock(time.Now(), testutil.Instant(), testutil.Async())}
 }
 
-func (c *fakeClock) NewTimer(d time.Duration) timer            { return c.Clock.NewTimer(d) }
-func (c *fakeClock) AfterFunc(d time.Duration, f func()) timer { return c.Clock.AfterFunc(d, f) }
-
 // fixedRand returns the given numbers in turn, then repeats the last.
 func fixedRand(rs ...float64) func() float64 {
 	var mu sync.Mutex

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/pacing"
 
 	"google.golang.org/grpc"
@@ -31,7 +31,7 @@ type Interceptor struct {
 	breakers *breaker.Group                // nil without a breaker
 	classify func(error) herdguard.Verdict // the breaker's Verdict; nil: the table
 	tracing  tracing
-	clock    clock
+	clock    clock.Clock
 	rand     func() float64
 	buffers  sync.Pool // *attemptBuffer
 
@@ -164,7 +164,7 @@ func New(opts ...Option) (*Interceptor, error) {
 		s := *c.overload
 		ic.overload = &s
 		cl := c.clock // the interceptor's clock and random source, so tests can drive them
-		ic.pacingEnv = pacing.Env{Now: cl.Now, AfterFunc: func(d time.Duration, f func()) func() bool { return cl.AfterFunc(d, f).Stop }, Rand: c.rand}
+		ic.pacingEnv = pacing.Env{Clock: cl, Rand: c.rand}
 	}
 	ic.tracing.init(c.tp)
 	ic.buffers.New = newAttemptBuffer

@@ -3,8 +3,8 @@ package interceptor
 import (
 	"math/rand/v2"
 	"strings"
-	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/errs"
 
 	"go.opentelemetry.io/otel/metric"
@@ -33,7 +33,7 @@ type config struct {
 	noBreaker    bool
 	tp           trace.TracerProvider // nil: the global provider
 	mp           metric.MeterProvider // nil: the global provider
-	clock        clock
+	clock        clock.Clock
 	rand         func() float64
 	streamBuffer int
 	throttling   *policy.Throttling
@@ -49,7 +49,7 @@ type config struct {
 func defaultConfig() config {
 	return config{
 		policy:       policy.Default(),
-		clock:        realClock{},
+		clock:        clock.Real(),
 		rand:         rand.Float64,
 		streamBuffer: defaultStreamBuffer,
 		overload:     &overload.Settings{},
@@ -271,7 +271,7 @@ func WithIdempotentOnly() Option {
 }
 
 // withClock replaces the wall clock; tests use it to make waits instant.
-func withClock(cl clock) Option {
+func withClock(cl clock.Clock) Option {
 	return optionFunc(func(c *config) {
 		if cl != nil {
 			c.clock = cl
@@ -298,36 +298,6 @@ func validMethodName(name string) bool {
 	svc, method, ok := strings.Cut(name[1:], "/")
 	return ok && svc != "" && !strings.Contains(method, "/") && !strings.ContainsAny(name, " \t\n")
 }
-
-// clock is the time the retry loop reads and waits on.
-type clock interface {
-	Now() time.Time
-	NewTimer(d time.Duration) timer
-	// AfterFunc calls f in its own goroutine after d, as time.AfterFunc.
-	AfterFunc(d time.Duration, f func()) timer
-}
-
-// timer is a reusable timer: after Stop or a fire, Reset starts it again
-// with nothing stale in its channel (time.Timer's behaviour since Go 1.23).
-type timer interface {
-	C() <-chan time.Time
-	Stop() bool
-	Reset(d time.Duration) bool
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time                 { return time.Now() }
-func (realClock) NewTimer(d time.Duration) timer { return realTimer{time.NewTimer(d)} }
-func (realClock) AfterFunc(d time.Duration, f func()) timer {
-	return realTimer{time.AfterFunc(d, f)}
-}
-
-type realTimer struct{ t *time.Timer }
-
-func (t realTimer) C() <-chan time.Time        { return t.t.C }
-func (t realTimer) Stop() bool                 { return t.t.Stop() }
-func (t realTimer) Reset(d time.Duration) bool { return t.t.Reset(d) }
 
 func (c *config) validate() error {
 	if c.err != nil {

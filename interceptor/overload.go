@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/pacing"
 
 	"github.com/herdguard/herdguard/internal/names"
@@ -67,7 +68,7 @@ func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *paci
 		return nil
 	}
 	if tracer != nil {
-		end := time.Now()
+		end := ic.clock.Now()
 		_, span := tracer.Start(ctx, telemetry.SpanHeld, trace.WithTimestamp(end.Add(-held)), trace.WithAttributes(
 			telemetry.AttrAttempt.Int(n), names.AttrHeldMS.Float64(float64(held)/float64(time.Millisecond)), telemetry.AttrShed.Bool(errors.Is(err, pacing.ErrShed))))
 		span.End(trace.WithTimestamp(end))
@@ -109,7 +110,7 @@ func shedError(n int, last, shed error) error {
 // attemptDoneAfter is attemptDone for an attempt sent at sent (zero: sent
 // while the controller was calm, and not timed) to a target with a
 // controller: an answer tells the controller how long it took.
-func attemptDoneAfter(ctl *pacing.Controller, err error, clk clock, sent time.Time) {
+func attemptDoneAfter(ctl *pacing.Controller, err error, clk clock.Clock, sent time.Time) {
 	switch {
 	case err != nil:
 		attemptDone(ctl, err)
@@ -126,7 +127,7 @@ func attemptDoneAfter(ctl *pacing.Controller, err error, clk clock, sent time.Ti
 // said so (judgedBelow), says nothing; so does one that ended because the
 // call's deadline passed while it was in flight after it waited in the
 // line longer than it then had left (see timedOutIn).
-func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd, clk clock, asked, sent time.Time) {
+func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd, clk clock.Clock, asked, sent time.Time) {
 	switch {
 	case end.err == nil && sent.IsZero():
 		ctl.Done(pacing.Answered, 0)
@@ -141,7 +142,7 @@ func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd,
 // timedOutIn tells the controller what timeoutOutcome makes of an
 // attempt's end, and reports whether it was a time-out at the call's
 // deadline.
-func timedOutIn(ctx context.Context, ctl *pacing.Controller, err error, perAttempt bool, asked, sent time.Time, clk clock) bool {
+func timedOutIn(ctx context.Context, ctl *pacing.Controller, err error, perAttempt bool, asked, sent time.Time, clk clock.Clock) bool {
 	o, ok := timeoutOutcome(ctx, err, perAttempt, asked, sent, clk)
 	if ok {
 		ctl.Done(o, 0)
@@ -164,7 +165,7 @@ func timedOutIn(ctx context.Context, ctl *pacing.Controller, err error, perAttem
 // within deadlineSlack of it: the server holds its own copy of the
 // deadline, and under load its timer can fire, and its DeadlineExceeded
 // arrive, before the context's own timer has run.
-func timeoutOutcome(ctx context.Context, err error, perAttempt bool, asked, sent time.Time, clk clock) (pacing.Outcome, bool) {
+func timeoutOutcome(ctx context.Context, err error, perAttempt bool, asked, sent time.Time, clk clock.Clock) (pacing.Outcome, bool) {
 	if sent.IsZero() || perAttempt || status.Code(err) != codes.DeadlineExceeded {
 		return pacing.Ignored, false
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/herdguard/herdguard/internal/pacing"
+	"github.com/herdguard/herdguard/internal/testutil"
 
 	"github.com/herdguard/herdguard/internal/names"
 	"github.com/herdguard/herdguard/internal/wire"
@@ -373,10 +374,9 @@ func TestOverloadRetryWaitsInLine(t *testing.T) {
 // a trace every retry follows a wait. A first attempt that goes at once
 // has none.
 func TestOverloadRetryInLineAtOnceIsTraced(t *testing.T) {
-	now := time.Unix(1_700_000_000, 0)
-	ctl := pacedController(t, &now)
+	ctl, clk := pacedController(t)
 	ctl.Done(pacing.Answered, time.Millisecond) // the restart: a rate, and a token a second later
-	now = now.Add(time.Second)
+	clk.Skip(time.Second)
 	if !ctl.Pacing() {
 		t.Fatal("not pacing")
 	}
@@ -391,7 +391,7 @@ func TestOverloadRetryInLineAtOnceIsTraced(t *testing.T) {
 	if err := ic.admit(ctx, tp.Tracer("test"), ctl, "/s/M", 2, true); err != nil {
 		t.Fatalf("retry in line: %v", err)
 	}
-	now = now.Add(time.Minute)
+	clk.Skip(time.Minute)
 	if err := ic.admit(ctx, tp.Tracer("test"), ctl, "/s/M", 1, false); err != nil {
 		t.Fatalf("first attempt: %v", err)
 	}
@@ -858,8 +858,7 @@ func firstMessage(ctx context.Context, c grpc_testing.TestServiceClient) error {
 // the line while the controller paces. The decision says which by a typed
 // field, whatever the wait's name in the span.
 func TestInLineLeavesPushbacksToTheServer(t *testing.T) {
-	now := time.Unix(1_700_000_000, 0)
-	ctl := pacedController(t, &now)
+	ctl, _ := pacedController(t)
 	if !ctl.Pacing() {
 		t.Fatal("not pacing")
 	}
@@ -886,16 +885,14 @@ func TestInLineLeavesPushbacksToTheServer(t *testing.T) {
 	}
 }
 
-// pacedController returns a controller on the fake time *now, with
-// MinFailures 1, that four refusals have started pacing (collapsed: probes
-// only, the first at a mean gap, at the random source's 0.5).
-func pacedController(t *testing.T, now *time.Time) *pacing.Controller {
+// pacedController returns a controller on a fake clock whose timers fire
+// only when the test advances it (it skips time), with MinFailures 1, that
+// four refusals have started pacing (collapsed: probes only, the first at
+// a mean gap, at the random source's 0.5).
+func pacedController(t *testing.T) (*pacing.Controller, *testutil.Clock) {
 	t.Helper()
-	ctl, err := pacing.New(overload.Settings{MinFailures: 1}, pacing.Env{
-		Now:       func() time.Time { return *now },
-		AfterFunc: func(time.Duration, func()) func() bool { return func() bool { return true } },
-		Rand:      func() float64 { return 0.5 },
-	})
+	clk := testutil.NewClock(time.Unix(1_700_000_000, 0))
+	ctl, err := pacing.New(overload.Settings{MinFailures: 1}, pacing.Env{Clock: clk, Rand: func() float64 { return 0.5 }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -903,5 +900,5 @@ func pacedController(t *testing.T, now *time.Time) *pacing.Controller {
 		ctl.Sent()
 		ctl.Done(pacing.Overloaded, 0)
 	}
-	return ctl
+	return ctl, clk
 }

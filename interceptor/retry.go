@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/pacing"
 	"github.com/herdguard/herdguard/internal/wire"
 
@@ -19,7 +20,7 @@ import (
 type backoffState struct {
 	prev    time.Duration // the last wait, for decorrelated jitter
 	retries int           // retries since the start or the last pushback
-	timer   *timer        // where the call keeps its timer: made on the first wait, then reset
+	timer   *clock.Timer  // where the call keeps its timer: made on the first wait, then reset
 
 	method string
 	lim    *limits // the target's budgets; nil when none is on
@@ -221,7 +222,7 @@ func (ic *Interceptor) pause(ctx context.Context, tracer trace.Tracer, bs *backo
 
 // wait blocks for d on the interceptor's clock, or until done closes, and
 // reports whether the full wait passed. *t is reused across waits.
-func (ic *Interceptor) wait(done <-chan struct{}, d time.Duration, t *timer) bool {
+func (ic *Interceptor) wait(done <-chan struct{}, d time.Duration, t *clock.Timer) bool {
 	if d <= 0 {
 		select {
 		case <-done:

@@ -6,6 +6,7 @@ import (
 	"io"
 	"sync"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/pacing"
 
 	"go.opentelemetry.io/otel/trace"
@@ -94,7 +95,7 @@ type retryStream struct {
 	attempts     int
 	numbers      retryNumbers
 	bs           backoffState
-	waitTimer    timer // bs.timer: the backoff's timer, made on the first wait
+	waitTimer    clock.Timer // bs.timer: the backoff's timer, made on the first wait
 	committed    bool
 	answered     bool // the server answered the current attempt (headers, a message, or an OK end)
 	overflow     bool

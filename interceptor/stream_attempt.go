@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/pacing"
 
 	"go.opentelemetry.io/otel/trace"
@@ -34,7 +35,7 @@ type streamAttempt struct {
 	asked, sent time.Time
 	cancel      context.CancelCauseFunc
 	openCtx     context.Context // a hedge's context until hedgedStream.openHedge opens it
-	timeout     *time.Timer     // cancels the attempt at PerAttemptTimeout until commit
+	timeout     clock.Timer     // cancels the attempt at PerAttemptTimeout until commit
 	// fate settles, once, the race between the per-attempt timeout and
 	// the stream's commit: whichever comes first wins (attemptOpen,
 	// attemptKept, attemptExpired).
@@ -102,7 +103,7 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 	}
 	ctx, a.cancel = context.WithCancelCause(ctx)
 	if d := s.p.p.PerAttemptTimeout; d > 0 {
-		a.timeout = time.AfterFunc(d, func() {
+		a.timeout = s.ic.clock.AfterFunc(d, func() {
 			if a.fate.CompareAndSwap(attemptOpen, attemptExpired) {
 				a.cancel(errAttemptTimeout)
 			}

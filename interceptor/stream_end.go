@@ -2,7 +2,6 @@ package interceptor
 
 import (
 	"io"
-	"time"
 
 	"github.com/herdguard/herdguard/internal/pacing"
 
@@ -250,7 +249,7 @@ func (s *retryStream) idleAtDeadlineLocked(err error) bool {
 		return false
 	}
 	dl, ok := s.ctx.Deadline()
-	return ok && !time.Now().Before(dl)
+	return ok && !s.ic.clock.Now().Before(dl)
 }
 
 // breakerChangedLocked records a change of the breaker's state since it was

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/testserver"
 	"github.com/herdguard/herdguard/policy"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -427,7 +428,7 @@ func TestContextCommitsStream(t *testing.T) {
 			}
 			return nil
 		}})
-		c, _ := streamClient(t, srv, WithoutBreaker(),
+		c, _ := streamClient(t, srv, WithoutBreaker(), withClock(clock.Real()), // the per-attempt timeout in real time
 			WithPolicy(policy.Policy{MaxAttempts: 3, PerAttemptTimeout: regressAttemptTimeout}))
 		stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
 		if err != nil {

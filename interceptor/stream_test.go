@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/names"
 	"github.com/herdguard/herdguard/internal/wire"
 	"github.com/herdguard/herdguard/telemetry"
@@ -330,6 +331,50 @@ func TestStreamCancelDuringWait(t *testing.T) {
 	}
 }
 
+// A stream's per-attempt timeout runs on the interceptor's clock, as its
+// backoff waits do: the attempt times out when the clock says its time
+// has passed (here at once in real time), and the retry goes.
+func TestStreamPerAttemptTimeoutRunsOnTheClock(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+		if attemptOf(ss.Context()) == 1 {
+			<-ss.Context().Done() // say nothing until the attempt times out
+			return nil
+		}
+		return ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("ok")})
+	}})
+	clk := newManualClock() // waits are instant, timers fire when advanced
+	c, _ := streamClient(t, srv, withClock(clk), WithoutBreaker(),
+		WithPolicy(policy.Policy{MaxAttempts: 2, PerAttemptTimeout: 2 * time.Second}))
+	stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		got []string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, err := recvAll(stream.Recv)
+		done <- result{got, err}
+	}()
+	clk.waitArmed(t, 2*time.Second) // the attempt's timer, on the clock
+	eventually(t, "the first attempt at the server", func() (int, bool) { n := srv.Requests(); return n, n == 1 })
+	select {
+	case r := <-done:
+		t.Fatalf("the stream ended before its attempt's time passed on the clock: %q, %v", r.got, r.err)
+	default:
+	}
+	clk.Advance(2 * time.Second)
+	r := <-done
+	if r.err != nil || !slices.Equal(r.got, []string{"ok"}) {
+		t.Errorf("got %q, %v; want the second attempt's message", r.got, r.err)
+	}
+	if n := srv.Requests(); n != 2 {
+		t.Errorf("server saw %d attempts, want 2", n)
+	}
+}
+
 func TestStreamPerAttemptTimeoutOnlyUntilCommit(t *testing.T) {
 	srv := testserver.Start(t, &testserver.Server{ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
 		if attemptOf(ss.Context()) == 1 {
@@ -340,7 +385,8 @@ func TestStreamPerAttemptTimeoutOnlyUntilCommit(t *testing.T) {
 		time.Sleep(300 * ms) // longer than the per-attempt timeout, after commit
 		return ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: payload("2")})
 	}})
-	c, _ := streamClient(t, srv, WithPolicy(policy.Policy{MaxAttempts: 3, PerAttemptTimeout: 100 * ms}))
+	c, _ := streamClient(t, srv, withClock(clock.Real()), // the per-attempt timeout in real time
+		WithPolicy(policy.Policy{MaxAttempts: 3, PerAttemptTimeout: 100 * ms}))
 	stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/pacing"
 
 	"github.com/herdguard/herdguard/internal/names"
@@ -83,8 +84,8 @@ type attemptBuffer struct {
 	catch   [catchers]grpc.CallOption // made with the buffer, for its own header and trailer
 	header  metadata.MD
 	trailer metadata.MD
-	peer    peer.Peer // set when the attempt reached a server (WithIdempotentOnly); else unused
-	timer   timer     // made on the first wait, then reset
+	peer    peer.Peer   // set when the attempt reached a server (WithIdempotentOnly); else unused
+	timer   clock.Timer // made on the first wait, then reset
 	// skipped is the backoff wait a retry skipped to wait in the overload
 	// controller's line (see inLine); set whenever it is read.
 	skipped decision

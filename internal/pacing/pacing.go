@@ -10,6 +10,7 @@ import (
 
 	"github.com/herdguard/herdguard/overload"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/errs"
 )
 
@@ -106,20 +107,21 @@ const (
 )
 
 // Env is the time a Controller reads and waits on, and its random source.
-// A nil field is the real one: time.Now, time.AfterFunc (AfterFunc runs f
-// after d, in its own goroutine or synchronously as the owner decides, and
-// returns a function that stops it), and math/rand/v2's Float64 (a number
-// in [0, 1)).
+// A nil field is the real one: [clock.Real] (a timer's function runs in
+// its own goroutine, or synchronously, as the clock decides) and
+// math/rand/v2's Float64 (a number in [0, 1)).
 type Env struct {
+	Clock clock.Clock
+	Rand  func() float64
+}
+
+// config is a controller's settings, defaults filled in, and its Env's
+// time and random source.
+type config struct {
+	overload.Settings
 	Now       func() time.Time
 	AfterFunc func(d time.Duration, f func()) (stop func() bool)
 	Rand      func() float64
-}
-
-// config is a controller's settings, defaults filled in, and its Env.
-type config struct {
-	overload.Settings
-	Env
 }
 
 // Controller paces one target's attempts. Make one with [New]. It is safe
@@ -166,17 +168,16 @@ func New(s overload.Settings, env Env) (*Controller, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	if env.Now == nil {
-		env.Now = time.Now
+	clk, rnd := env.Clock, env.Rand
+	if clk == nil {
+		clk = clock.Real()
 	}
-	if env.AfterFunc == nil {
-		env.AfterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
+	if rnd == nil {
+		rnd = rand.Float64
 	}
-	if env.Rand == nil {
-		env.Rand = rand.Float64
-	}
-	c := &Controller{s: config{s.WithDefaults(), env}}
-	now := env.Now()
+	c := &Controller{s: config{Settings: s.WithDefaults(), Now: clk.Now, Rand: rnd,
+		AfterFunc: func(d time.Duration, f func()) func() bool { return clk.AfterFunc(d, f).Stop }}}
+	now := c.s.Now()
 	c.ev.start, c.folded = now, now
 	c.foldAfter.Store(now.Add(c.s.Interval).UnixNano())
 	return c, nil

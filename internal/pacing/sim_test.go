@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/overload"
 	"github.com/herdguard/herdguard/policy"
 )
@@ -67,15 +68,57 @@ func (s *sim) after(d time.Duration, f func()) *event {
 }
 
 // env is the simulation's time and random source for a Controller.
-func (s *sim) env() Env {
-	return Env{
-		Rand: s.rng.Float64,
-		Now:  func() time.Time { return s.now },
-		AfterFunc: func(d time.Duration, f func()) func() bool {
-			e := s.after(d, f)
-			return func() bool { was := !e.dead; e.dead = true; return was }
-		},
+func (s *sim) env() Env { return Env{Clock: simClock{s}, Rand: s.rng.Float64} }
+
+// simClock is the simulation's time as a clock.Clock.
+type simClock struct{ s *sim }
+
+func (c simClock) Now() time.Time { return c.s.now }
+
+func (c simClock) NewTimer(d time.Duration) clock.Timer {
+	t := &simTimer{s: c.s, c: make(chan time.Time, 1)}
+	t.Reset(d)
+	return t
+}
+
+func (c simClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	t := &simTimer{s: c.s, f: f}
+	t.Reset(d)
+	return t
+}
+
+// simTimer is a timer of the simulation: an event, dead once it fired or
+// was stopped.
+type simTimer struct {
+	s *sim
+	e *event
+	c chan time.Time
+	f func()
+}
+
+func (t *simTimer) C() <-chan time.Time { return t.c }
+
+func (t *simTimer) Stop() bool {
+	was := t.e != nil && !t.e.dead
+	if t.e != nil {
+		t.e.dead = true
 	}
+	return was
+}
+
+func (t *simTimer) Reset(d time.Duration) bool {
+	was := t.Stop()
+	t.e = t.s.after(d, func() {
+		if t.f != nil {
+			t.f()
+			return
+		}
+		select {
+		case t.c <- t.s.now:
+		default:
+		}
+	})
+	return was
 }
 
 // run runs the events due by end.

@@ -4,7 +4,12 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/herdguard/herdguard/internal/clock"
 )
+
+// Clock is a clock.Clock.
+var _ clock.Clock = (*Clock)(nil)
 
 // Clock is a fake clock for code that takes its time and timers from
 // outside. Its time moves only when the test calls [Clock.Advance] (fire
@@ -72,7 +77,7 @@ func (c *Clock) Now() time.Time {
 
 // NewTimer returns a timer that sends the clock's time on its channel
 // ([Timer.C]) when it fires, as time.NewTimer.
-func (c *Clock) NewTimer(d time.Duration) *Timer {
+func (c *Clock) NewTimer(d time.Duration) clock.Timer {
 	t := &Timer{clock: c, c: make(chan time.Time, 1)}
 	t.Reset(d)
 	return t
@@ -81,7 +86,7 @@ func (c *Clock) NewTimer(d time.Duration) *Timer {
 // AfterFunc returns a timer that calls f when it fires: synchronously,
 // or in its own goroutine with [Async]. With [Instant] and without Async,
 // f runs before AfterFunc returns.
-func (c *Clock) AfterFunc(d time.Duration, f func()) *Timer {
+func (c *Clock) AfterFunc(d time.Duration, f func()) clock.Timer {
 	t := &Timer{clock: c, f: f}
 	t.Reset(d)
 	return t

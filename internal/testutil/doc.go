@@ -2,13 +2,13 @@
 // shares: a fake [Clock] with its [Timer]s, and [Eventually], which waits
 // for what goroutines the test does not control get round to.
 //
-// A manual clock moves only when the test says, and runs the timers that
-// fall due, in order:
+// A Clock is the internal/clock.Clock that the interceptor and the
+// overload controller take in place of the wall clock. A manual clock
+// moves only when the test says, and runs the timers that fall due, in
+// order:
 //
 //	clk := testutil.NewClock(time.Now())
-//	pacing.New(s, pacing.Clock{Now: clk.Now, AfterFunc: func(d time.Duration, f func()) func() bool {
-//		return clk.AfterFunc(d, f).Stop
-//	}})
+//	pacing.New(s, pacing.Env{Clock: clk})
 //	clk.Advance(time.Second) // runs every timer due within the second, then returns
 //	clk.Delays()             // every delay a timer was set to, in order
 //
