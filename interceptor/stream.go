@@ -290,7 +290,7 @@ func (s *retryStream) RecvMsg(m any) error {
 			}
 			return true
 		},
-		func(a *streamAttempt) { err = a.recv(m) },
+		func(a *streamAttempt) { err = a.recvFor(s.ctx, m) },
 		func(a *streamAttempt) (step, error) {
 			switch {
 			case a == s.a && !s.committed && !s.finished && err == nil && !a.keep():

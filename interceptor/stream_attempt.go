@@ -242,6 +242,25 @@ func (a *streamAttempt) learnEnd() (end error, headers bool) {
 	return a.recv(new(emptypb.Empty)), false
 }
 
+// recvFor receives for the caller, whose context is ctx. Once that
+// context has ended, the attempt ends with it, as gRPC's stream does once
+// it has seen the cancellation, even when an answer came meanwhile: a
+// caller that cancelled gets Canceled (or DeadlineExceeded), not an
+// answer that raced the cancellation. An attempt whose end is known keeps
+// it.
+func (a *streamAttempt) recvFor(ctx context.Context, m any) error {
+	if err := ctx.Err(); err != nil {
+		a.recvMu.Lock()
+		defer a.recvMu.Unlock()
+		if !a.over.Load() {
+			a.end = status.FromContextError(err).Err()
+			a.over.Store(true)
+		}
+		return a.end
+	}
+	return a.recv(m)
+}
+
 // recv receives on the attempt before the stream commits, remembering how
 // the attempt ended so that it is learned once.
 func (a *streamAttempt) recv(m any) error {

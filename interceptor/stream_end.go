@@ -112,7 +112,7 @@ func (s *retryStream) sendCommitted(a *streamAttempt, m any) error {
 // may still be learning how the attempt ended, and two receives at once on
 // one gRPC stream would lose its end.
 func (s *retryStream) recvCommitted(a *streamAttempt, m any) error {
-	err := a.recv(m)
+	err := a.recvFor(s.ctx, m)
 	if err != nil && err != io.EOF && a.expired() && s.ctx.Err() == nil {
 		err = errExpired() // gRPC says Canceled: the attempt's timeout cancelled it
 	}

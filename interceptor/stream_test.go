@@ -331,6 +331,39 @@ func TestStreamCancelDuringWait(t *testing.T) {
 	}
 }
 
+// A caller that cancelled its stream gets Canceled from RecvMsg, as gRPC's
+// interop case cancel_after_begin asserts, even when the server's answer
+// reached the client before the cancellation: gRPC's own stream may hand
+// over either. The server answers at once; an empty call on the same
+// connection, answered after it, makes sure the answer was read.
+func TestCancelledStreamReceivesCanceled(t *testing.T) {
+	answered := make(chan struct{}, 1)
+	srv := testserver.Start(t, &testserver.Server{
+		ClientStream: func(ss testgrpc.TestService_StreamingInputCallServer) error {
+			err := ss.SendAndClose(&testgrpc.StreamingInputCallResponse{AggregatedPayloadSize: 1})
+			answered <- struct{}{}
+			return err
+		},
+		Empty: func(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) { return &testgrpc.Empty{}, nil },
+	})
+	c, _ := streamClient(t, srv)
+	for i := range 50 {
+		ctx, cancel := context.WithCancel(ctxT(t))
+		stream, err := c.StreamingInputCall(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-answered
+		if _, err := c.EmptyCall(ctxT(t), &testgrpc.Empty{}); err != nil { // its answer follows the stream's
+			t.Fatal(err)
+		}
+		cancel()
+		if _, err := stream.CloseAndRecv(); status.Code(err) != codes.Canceled {
+			t.Fatalf("run %d: CloseAndRecv after cancel = %v, want Canceled", i, err)
+		}
+	}
+}
+
 // A stream's per-attempt timeout runs on the interceptor's clock, as its
 // backoff waits do: the attempt times out when the clock says its time
 // has passed (here at once in real time), and the retry goes.
