@@ -97,7 +97,7 @@ demo: build ggm-tier ## Start the demo server on 127.0.0.1, run the client again
 	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(DEMO_PARTIAL_ARGS); \
 	echo; echo "One retried call of herdguard's defaults, as its spans tell it:"; \
 	$(BIN)/demo-client -addr "$$(cat "$$addr_file")" $(TRACE_ARGS) 2>/dev/null | sed -n '/^span tree/,/^$$/p'; \
-	echo; echo "Retries at one layer in a mesh (issue 33): three hops, every tier a process of its own:"; \
+	echo; echo "Retries at one layer in a mesh: three hops, every tier a process of its own; the server half must keep the leaf to one retrying layer without costing calls:"; \
 	$(BIN)/demo-client -mesh -server-bin $(BIN)/demo-server -ggm-tier-bin $(BIN)/ggm-tier $(DEMO_MESH_ARGS)
 
 # go-grpc-middleware's tier for the mesh lab, in module cmd (the library's

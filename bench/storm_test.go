@@ -300,7 +300,7 @@ func TestStormTable(t *testing.T) {
 		if err := stormlab.WritePartialTable(os.Stdout, l.closed, l.rows); err != nil {
 			t.Fatal(err)
 		}
-		// What must hold (issue 32): the defaults do no harm, and hold a
+		// What must hold: the defaults do no harm, and hold a
 		// dead server back. The rest is reported, not graded.
 		for _, err := range stormlab.PartialHarm(l.rows, l.closed) {
 			t.Error(err)
@@ -410,7 +410,7 @@ func TestHedgeTable(t *testing.T) {
 		"extra attempts: (attempts the server received - calls) / calls.\n",
 		hedgeRuns, sc.Calls, sc.Interval, sc.Faults.Latency, sc.Faults.Latency+sc.Faults.LatencySpread, 1/sc.Faults.SlowRate, sc.Faults.SlowLatency)
 
-	// What must hold (issue 10's target): hedging at p95 cuts p99.9 at least
+	// What must hold: hedging at p95 cuts p99.9 at least
 	// 20-fold for at most 5 % more attempts at the server, in the medians.
 	none, p95 := runs["no hedging"], runs["hedging at p95"]
 	if medianLatency(p95, 0.999)*20 > medianLatency(none, 0.999) || medianExtra(p95) > 0.05 {

@@ -28,7 +28,7 @@
 //
 // With Settings.Fleet, the replicas of a service that name the same scope
 // share one breaker through a store ([Fleet]; module
-// github.com/herdguard/herdguard/redisfleet keeps it in Redis). The why and
-// the measurements: docs/breaker.md
+// github.com/herdguard/herdguard/redisfleet keeps it in Redis). What trips
+// it, what a caller sees, and when to turn it off: docs/breaker.md
 // (https://github.com/herdguard/herdguard/blob/main/docs/breaker.md).
 package breaker

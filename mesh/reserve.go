@@ -59,10 +59,9 @@ func (c config) retriesCode(method string, code codes.Code) bool {
 // Default deadline reserve: a twentieth of the time the request has left,
 // at most maxReserve. It has to cover the way back up, one hop's transit
 // and its handler's return; more costs the calls below the time they
-// might have used to succeed: about the reserve times the request rate,
-// per hop, when a line serves its callers at their deadlines (11 calls of
-// 7200 in the mesh lab's outage at 10 ms; at 3 ms about 3, below the
-// dozen the outage spreads by from run to run: docs/mesh.md).
+// could have used to succeed: about the reserve times the request rate,
+// per hop, when a line serves its callers at their deadlines, so it is
+// kept to a few milliseconds.
 const (
 	reserveShare = 20
 	maxReserve   = 3 * time.Millisecond

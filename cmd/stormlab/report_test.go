@@ -13,8 +13,8 @@ import (
 )
 
 // TestWriteSVGEmptySection: a section with no results adds nothing to the
-// chart (it used to panic on results[0]), and a chart with no results at
-// all is still a well-formed SVG document.
+// chart (and does not read its first result), and a chart with no results
+// at all is still a well-formed SVG document.
 func TestWriteSVGEmptySection(t *testing.T) {
 	rs := []Result{{Strategy: "a", Stats: fakeStats(100, []int64{0, 7, 2}, 5000, 1200)}}
 	var one strings.Builder

@@ -11,11 +11,12 @@ import (
 
 // TestFleets runs the storm lab's scenarios on the simulator (one seed,
 // so the figures are exact), offered by 1 to 100 clients, each with its
-// own controller, and pins herdguard's calls ok: where the target
-// is met, at the target; where it is not yet (the C=20 and C=320 herds
-// from 40 clients on, the partial failures from 40), at today's figure
-// less half a point, and never below no retries (less 2 points: the dead
-// server's calls that came back as it did).
+// own controller, and pins herdguard's calls ok: where the lab's target
+// is met, at the target; where it is not (the C=20 and C=320 herds from
+// 40 clients on, the partial failures from 40), at the figure the
+// controller gets, less half a point, so that a change that loses calls
+// fails; and never below no retries (less 2 points: the dead server's
+// calls that came back as it did).
 // docs/stormlab.md has the same scenarios over gRPC.
 func TestFleets(t *testing.T) {
 	byName := map[string]scenario{}
