@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/testutil"
 	"github.com/herdguard/herdguard/internal/wire"
 
 	"google.golang.org/grpc"
@@ -173,12 +174,10 @@ func closedLoop(c testgrpc.TestServiceClient, workers int, d time.Duration) int 
 // now and then at thousands of attempts a second is taken for a collapse,
 // and holds the callers to probes until the next answer. It counts calls
 // a second, which the race detector's overhead sets (more of it for the
-// defaults, which run the breaker and the controller too): make test runs
-// it without -race.
+// defaults, which run the breaker and the controller too): make timing
+// runs it without -race.
 func TestTimingNoHarmPartialFailuresClosedLoop(t *testing.T) {
-	if raceEnabled {
-		t.Skip("counts calls a second, which the race detector's overhead sets; make test runs it without -race")
-	}
+	testutil.Timing(t, raceEnabled, "counts calls a second")
 	p := policy.Policy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond}
 	got := map[string][]int{}
 	for range 5 {

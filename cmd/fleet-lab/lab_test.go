@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/herdguard/herdguard/internal/redistest"
+	"github.com/herdguard/herdguard/internal/testutil"
 )
 
 // TestMain lets the lab start this test binary as its replicas.
@@ -34,9 +35,7 @@ func TestMain(m *testing.M) {
 // of the first; with Redis killed, refusals stay instant and the fleet
 // follows Redis again within one open period of its return.
 func TestTimingFleetScenario(t *testing.T) {
-	if raceEnabled {
-		t.Skip("times processes, which the race detector distorts; make test runs it without -race")
-	}
+	testutil.Timing(t, raceEnabled, "times processes")
 	if _, err := redistest.Find(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("%v (CI installs it: .ci/run)", err)

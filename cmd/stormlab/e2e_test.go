@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/herdguard/herdguard/internal/testutil"
 	"github.com/herdguard/herdguard/policy"
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
@@ -102,12 +103,10 @@ func TestPublishedScenarioShapes(t *testing.T) {
 // TestTimingOverloadScenarioShapes counts arrivals in 100 ms windows
 // against a server that takes 40 of them: the race detector's jitter
 // overshoots such windows now and then, and a client that paces its
-// attempts at 90 % of that capacity is the first to show it. make test runs
-// it without -race.
+// attempts at 90 % of that capacity is the first to show it. make timing
+// runs it without -race.
 func TestTimingOverloadScenarioShapes(t *testing.T) {
-	if raceEnabled {
-		t.Skip("counts arrivals in 100 ms windows, which the race detector blurs; make test runs it without -race")
-	}
+	testutil.Timing(t, raceEnabled, "counts arrivals in 100 ms windows")
 	sc := Overload()
 	sc.Calls = 500
 	sc.Faults.Capacity = 40 // the same share of the herd as 80 of 1000
@@ -163,11 +162,9 @@ func TestTimingOverloadScenarioShapes(t *testing.T) {
 // plus one retry of each the first window turned away) and the least time,
 // and the server is overloaded no longer than by the herd's first attempts
 // alone. It runs at full scale (windows of 100 ms) without the race
-// detector, which would blur the windows: make test runs it so.
+// detector, which would blur the windows: make timing runs it so.
 func TestTimingHerdPaced(t *testing.T) {
-	if raceEnabled {
-		t.Skip("counts arrivals in 100 ms windows, which the race detector blurs; make test runs it without -race")
-	}
+	testutil.Timing(t, raceEnabled, "counts arrivals in 100 ms windows")
 	sc := Overload()
 	sc.Calls = 500
 	sc.Faults.Capacity = 40
@@ -197,9 +194,7 @@ func TestTimingHerdPaced(t *testing.T) {
 // (460 of 1000 at C = 20) as unable to make a deadline they would have
 // made.
 func TestTimingHerdWithDeadlines(t *testing.T) {
-	if raceEnabled {
-		t.Skip("counts arrivals in 100 ms windows, which the race detector blurs; make test runs it without -race")
-	}
+	testutil.Timing(t, raceEnabled, "counts arrivals in 100 ms windows")
 	sc := HerdDeadline(10)
 	sc.Calls = 500
 	b, _ := sc.Bound()
@@ -220,11 +215,9 @@ const overloadSlackMS = 100
 // TestTimingSlowAttemptsHedged: with 1 in 100 attempts taking a second,
 // hedging at the method's p95 cuts the p99.9 latency many times over for a
 // few extra attempts, and sends no hedge it does not need. It measures
-// latencies of a few milliseconds, so make test runs it without -race.
+// latencies of a few milliseconds, so make timing runs it without -race.
 func TestTimingSlowAttemptsHedged(t *testing.T) {
-	if raceEnabled {
-		t.Skip("measures latencies, which the race detector distorts; make test runs it without -race")
-	}
+	testutil.Timing(t, raceEnabled, "measures latencies")
 	sc := SlowAttempts()
 	sc.Calls = 1000
 	rs := runStrategies(t, sc, 1, "no hedging", "hedging at p95")
@@ -327,11 +320,9 @@ func fakeStats(windowMS int64, retries []int64, lastOK, recovered int64) *demov1
 //     jitter and no overload control, the best of the retries that land
 //     in the server's queue (99.8-99.9 % against 97.9 % at full scale).
 //
-// It runs at full scale without the race detector; make test runs it so.
+// It runs at full scale without the race detector; make timing runs it so.
 func TestTimingBrownoutsHeal(t *testing.T) {
-	if raceEnabled {
-		t.Skip("counts arrivals in 100 ms windows, which the race detector blurs; make test runs it without -race")
-	}
+	testutil.Timing(t, raceEnabled, "counts arrivals in 100 ms windows")
 	for _, tc := range []struct {
 		name   string
 		sc     Scenario

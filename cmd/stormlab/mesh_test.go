@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/herdguard/herdguard/internal/testutil"
 	"github.com/herdguard/herdguard/internal/wire"
 	demov1 "github.com/herdguard/herdguard/proto/herdguard/demo/v1"
 )
@@ -272,7 +273,7 @@ func runMesh(t *testing.T, lab *MeshLab, sc Scenario, scale float64, names ...st
 // of them made for retries above the leaf's caller, and the server half
 // keeps them within 1.1 times, with next to none for retries above, and
 // as many calls ok less 2 points. It counts arrivals in 50 ms windows:
-// make test runs it without the race detector.
+// make timing runs it without the race detector.
 //
 // The whole chain shares this process's cores, so it goes at scale 1
 // (600 user calls/s). At scale 2 a CI machine a little slower than this
@@ -286,9 +287,7 @@ func runMesh(t *testing.T, lab *MeshLab, sc Scenario, scale float64, names ...st
 // DeadlineSlack (up to 341 ms): on a machine that much slower this test
 // fails on the control's deadlines.
 func TestTimingMeshOutageShapes(t *testing.T) {
-	if raceEnabled {
-		t.Skip("counts arrivals in 50 ms windows, which the race detector blurs; make test runs it without -race")
-	}
+	testutil.Timing(t, raceEnabled, "counts arrivals in 50 ms windows")
 	if testing.Short() {
 		t.Skip("the mesh runs take about 40 s")
 	}
