@@ -199,44 +199,46 @@ func (h *hedger) overLocked(ctx context.Context) hedgeVerdict {
 
 // failedLocked judges an attempt that failed with err, with trailer;
 // headers says its server had sent response headers, clientErr that err is
-// the client's own. A fatal failure decides the call (gRFC A6: a code that
-// is not non-fatal, or headers, which commit the call); after a non-fatal
-// one the next hedge goes at once, or when the server's pushback says.
-// A fatal failure whose trailer says a layer below gave up ends the call
-// as a give-up (OutcomePushbackStop). Throttling counts a non-fatal
-// failure and a pushback that says stop, but not one that came after
-// headers (the call committed) or with the client's own error, as for a
-// retried call (decide) and in gRPC.
+// the client's own. It judges by the rules retries judge by (judge), with
+// the policy's non-fatal codes: a fatal failure decides the call (the
+// caller's end; headers, which commit the call; the client's own error; a
+// code that is not non-fatal); a failure whose trailer says a layer below
+// gave up ends the call as a give-up (OutcomePushbackStop), unless its
+// code is non-fatal, when hedging stops and the hedges in flight may still
+// answer, as after any pushback that says stop. After a non-fatal failure
+// the next hedge goes at once, or when the server's pushback says.
+// Throttling counts a non-fatal failure and a pushback that says stop, as
+// decide does.
 func (h *hedger) failedLocked(ctx context.Context, err error, trailer metadata.MD, headers, clientErr bool) hedgeVerdict {
-	nonFatal := h.p.nonFatalCode(status.Code(err)) && !headers && !clientErr && !clientSide(err) && ctx.Err() == nil
-	wait, ok, present := pushback(trailer)
-	if (nonFatal || present && !ok && !headers && !clientErr) && h.throttle != nil {
+	e := attemptEnd{err: err, trailer: trailer, headers: headers, client: clientErr || clientSide(err)}
+	j := judge(ctx, e, h.p.nonFatalCode(status.Code(err)))
+	if (j.fail == failAgain || j.fail == failStop) && h.throttle != nil {
 		h.throttle.Failure()
 	}
-	below := present && !ok && gaveUpBelow(trailer)
-	if present && !ok {
+	if j.fail == failStop {
 		h.noMore, h.stopped = true, true
 	}
 	// The call ends with its latest failure (h.last, or this one if it
 	// is fatal), and the breaker judges by it: a hedge still in flight
 	// after a give-up below may fail for this target's own reasons.
-	h.gaveUpBelow = below
+	h.gaveUpBelow = j.below
+	nonFatal := j.fail == failAgain || j.fail == failStop && j.again
 	switch {
-	case ctx.Err() != nil:
+	case j.fail == failCaller:
 		return hedgeVerdict{hedgeFatal, err, contextOutcome(ctx.Err())}
-	case below && !nonFatal: // headers, too, make a failure fatal
+	case j.below && !nonFatal: // headers, too, make a failure fatal
 		// A layer below gave up, and the failure decides the call: it
 		// gives up too, saying so, whatever the code and the headers,
-		// as a retried unary call does (decide).
+		// as a retried call does (decide).
 		sent, _ := h.call.attemptsLocked()
 		return hedgeVerdict{hedgeFatal, &RetryError{Attempts: sent, Outcome: OutcomePushbackStop, Err: err}, OutcomePushbackStop}
-	case headers:
+	case j.fail == failCommitted:
 		return hedgeVerdict{hedgeFatal, err, OutcomeFailedAfterCommit}
 	case !nonFatal:
 		return hedgeVerdict{hedgeFatal, err, OutcomeNotRetryable}
 	}
 	h.last = err
-	if !present || !ok {
+	if !j.pushback {
 		h.stopTimerLocked() // the next hedge goes now; the one after at the delay
 		return h.nextLocked(ctx)
 	}
@@ -244,11 +246,11 @@ func (h *hedger) failedLocked(ctx context.Context, err error, trailer metadata.M
 	if h.noMore || sent >= h.max {
 		return h.stopLocked(ctx) // no hedge may follow: the pushback has nothing to delay
 	}
-	if deadline, has := ctx.Deadline(); has && inFlight == 0 && h.ic.clock.Now().Add(wait).After(deadline) {
+	if deadline, has := ctx.Deadline(); has && inFlight == 0 && h.ic.clock.Now().Add(j.wait).After(deadline) {
 		// no attempt in flight, and the next could not go in time
 		return hedgeVerdict{hedgeOver, &RetryError{Attempts: sent, Outcome: OutcomeDeadline, Err: err}, OutcomeDeadline}
 	}
-	h.notBefore = h.ic.clock.Now().Add(wait)
-	h.armLocked(wait)
+	h.notBefore = h.ic.clock.Now().Add(j.wait)
+	h.armLocked(j.wait)
 	return hedgeVerdict{}
 }

@@ -61,21 +61,89 @@ type decision struct {
 	gaveUpBelow bool
 }
 
-// decide says what follows a failed attempt. Unary calls and streams share
-// it, so both retry by exactly the same rules, in gRPC's order: a call that
-// committed (the server sent headers), or whose error is the client's own,
-// ends as it is and takes no throttling token (a committed one whose
-// trailer says a layer below gave up gives up too); a pushback that says stop
-// takes a token, whatever the code; a call that may not be retried at all
-// (one attempt allowed) ends with the attempt's error as it is; a retryable
-// code takes a token, and then the attempts, the throttling, the deadline
-// and the ratio budget may each stop the call.
-func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState, maxAttempts int, e attemptEnd) decision {
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		return decision{outcome: contextOutcome(ctxErr), err: e.err}
+// failure is how a failed attempt bears on its call, by the rules of
+// gRFC A6 that retries and hedges share. What follows it (the attempts
+// left, the budgets, the wait, the next hedge) is each one's own.
+type failure int8
+
+const (
+	// failCaller: the caller's context ended; the call ends with it.
+	failCaller failure = iota
+	// failCommitted: the server sent response headers, which commit the
+	// call to the attempt; it is never repeated.
+	failCommitted
+	// failClient: the client's own error, made before the request left
+	// (see clientSide); it says nothing of the server.
+	failClient
+	// failStop: the server's pushback says not to try again.
+	failStop
+	// failFatal: a code the policy does not try again on.
+	failFatal
+	// failAgain: another attempt may go, after the server's pushback if
+	// it gave one.
+	failAgain
+)
+
+// judgement is what judge makes of a failed attempt.
+type judgement struct {
+	fail failure
+	// again: the code is one the policy tries again on (retryable, or
+	// non-fatal for hedges).
+	again bool
+	// below: the trailer says "do not retry" because a layer below gave
+	// up (judgedBelow): the call gives up too, saying so, and neither the
+	// breaker nor the overload controller counts it.
+	below bool
+	// pushback: the server said how long to wait (wait), for failAgain.
+	pushback bool
+	wait     time.Duration
+}
+
+// judge says how attempt e's failure bears on its call, in gRPC's order:
+// the caller's end, headers (a commit), the client's own error, a
+// pushback that says stop, and then the code (again: the policy tries it
+// again). Retries (decide) and hedges (hedger.failedLocked) both judge by
+// it, and differ only in what follows.
+func judge(ctx context.Context, e attemptEnd, again bool) judgement {
+	j := judgement{again: again, below: judgedBelow(e.trailer)}
+	switch {
+	case ctx.Err() != nil:
+		j.fail = failCaller
+	case e.headers:
+		j.fail = failCommitted
+	case e.client:
+		j.fail = failClient
+	default:
+		wait, ok, present := pushback(e.trailer)
+		switch {
+		case present && !ok:
+			j.fail = failStop
+		case !again:
+			j.fail = failFatal
+		default:
+			j.fail, j.pushback, j.wait = failAgain, present, wait
+		}
 	}
-	if e.headers {
-		if judgedBelow(e.trailer) {
+	return j
+}
+
+// decide says what follows a failed attempt. Unary calls and streams share
+// it, so both retry by exactly the same rules (judge's, as hedges too): a
+// call that committed (the server sent headers), or whose error is the
+// client's own, ends as it is and takes no throttling token (a committed
+// one whose trailer says a layer below gave up gives up too); a pushback
+// that says stop takes a token, whatever the code; a call that may not be
+// retried at all (one attempt allowed) ends with the attempt's error as it
+// is; a retryable code takes a token, and then the attempts, the
+// throttling, the deadline and the ratio budget may each stop the call.
+func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState, maxAttempts int, e attemptEnd) decision {
+	code := status.Code(e.err)
+	j := judge(ctx, e, p.retryableCode(code) || e.timedOut && code == codes.DeadlineExceeded)
+	switch j.fail {
+	case failCaller:
+		return decision{outcome: contextOutcome(ctx.Err()), err: e.err}
+	case failCommitted:
+		if j.below {
 			// Committed, and a layer below gave up: the call gives up
 			// too, saying so, like one that had not committed (below).
 			// A committed call takes no throttling token. Only a unary
@@ -87,37 +155,31 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 			return d
 		}
 		return decision{outcome: OutcomeFailedAfterCommit, err: e.err}
-	}
-	if e.client {
+	case failClient:
 		return decision{outcome: OutcomeNotRetryable, err: e.err}
-	}
-	code := status.Code(e.err)
-	retryable := p.retryableCode(code) || e.timedOut && code == codes.DeadlineExceeded
-	wait, ok, present := pushback(e.trailer)
-	if present && !ok {
+	case failStop:
 		bs.throttleFailure() // gRPC counts a refused pushback as a failure, whatever the code
-		below := gaveUpBelow(e.trailer)
 		switch {
-		case below:
+		case j.below:
 			// A layer below gave up: this call gives up too, whatever
 			// the code, and says so (a *RetryError), so that a server
 			// half above passes the "don't retry" on.
-		case !retryable:
+		case !j.again:
 			return decision{outcome: OutcomeNotRetryable, err: e.err}
 		case maxAttempts <= 1:
 			return decision{outcome: OutcomePushbackStop, err: e.err}
 		}
 		d := stop(OutcomePushbackStop, e.n, e.err)
-		d.gaveUpBelow = below
+		d.gaveUpBelow = j.below
 		return d
 	}
 	if maxAttempts <= 1 {
-		if !retryable {
+		if j.fail == failFatal {
 			return decision{outcome: OutcomeNotRetryable, err: e.err}
 		}
 		return decision{outcome: OutcomeExhausted, err: e.err}
 	}
-	if !retryable {
+	if j.fail == failFatal {
 		return decision{outcome: OutcomeNotRetryable, err: e.err}
 	}
 	if bs.unsafe && e.reached {
@@ -133,9 +195,9 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 		return ic.refuse(ctx, bs, "throttling", e)
 	}
 	d := decision{retry: true, jitter: p.p.Jitter.String()}
-	if present {
+	if j.pushback {
 		// gRFC A6: wait as told, then start the backoff afresh.
-		d.wait, d.pushback, d.jitter, bs.retries, bs.prev = wait, true, "pushback", 0, 0
+		d.wait, d.pushback, d.jitter, bs.retries, bs.prev = j.wait, true, "pushback", 0, 0
 	} else {
 		bs.retries++
 		d.wait = p.p.Backoff(bs.retries, bs.prev, ic.rand())
