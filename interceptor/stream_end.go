@@ -196,9 +196,9 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	}
 	s.endAttemptLocked(a, err)
 	if s.breakerDone != nil {
-		v := herdguard.Ignored
-		if !a.clientErr && s.outcome != OutcomeShed && !s.gaveUpBelow && !s.idleAtDeadlineLocked(err) {
-			v = s.ic.verdict(s.ctx, s.ctl, err, s.idleDeadline || !a.live)
+		v := herdguard.Ignored // an idle stream at its deadline says nothing of the server
+		if !s.idleAtDeadlineLocked(err) {
+			v = s.ic.verdict(s.ctx, s.ctl, callEnd{err: err, clientErr: a.clientErr, outcome: s.outcome, gaveUpBelow: s.gaveUpBelow, idle: s.idleDeadline || !a.live})
 		}
 		s.breakerDone(v)
 		s.breakerDone = nil

@@ -235,10 +235,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 				maxAttempts = 1
 			}
 			err = c.call(ctx, maxAttempts)
-			if c.clientErr || c.outcome == OutcomeShed || c.gaveUpBelow {
-				return herdguard.Ignored // the client's own error, its shedding, or a layer below's give-up says nothing of the server
-			}
-			return ic.verdict(ctx, c.ctl, err, c.idle)
+			return ic.verdict(ctx, c.ctl, callEnd{err: err, clientErr: c.clientErr, outcome: c.outcome, gaveUpBelow: c.gaveUpBelow, idle: c.idle})
 		})
 		if berr != nil {
 			err, c.outcome = berr, refusalOutcome(berr)
@@ -288,8 +285,20 @@ func (c *unaryCall) call(ctx context.Context, maxAttempts int) error {
 	return c.run(ctx, maxAttempts)
 }
 
-// verdict is what a finished call tells the breaker. The caller's own
-// cancellation says nothing about the server, nor does a deadline that ran
+// callEnd is how a call ended, as its breaker's verdict needs it.
+type callEnd struct {
+	err         error
+	clientErr   bool    // err is the client's own
+	outcome     Outcome // the call's outcome
+	gaveUpBelow bool    // it gave up because a layer below gave up
+	// idle: no attempt was in flight when its deadline ran out.
+	idle bool
+}
+
+// verdict is what a finished call tells the breaker, for unary calls and
+// streams alike. The client's own error, a call the overload controller
+// shed and a layer below's give-up say nothing of the server. The caller's
+// own cancellation says nothing either, nor does a deadline that ran
 // out while no attempt was in flight (idle); a deadline that ran out while
 // an attempt was in flight says the server did not answer in time, and the
 // breaker's Verdict (by default herdguard.BreakerVerdict's table) judges the
@@ -302,11 +311,12 @@ func (c *unaryCall) call(ctx context.Context, maxAttempts int) error {
 // controller's probes find. A server whose process is gone refuses
 // nothing: its attempts never reach it, the controller hears nothing, and
 // the breaker opens on the failed calls.
-func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, err error, idle bool) herdguard.Verdict {
+func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, e callEnd) herdguard.Verdict {
+	err, idle := e.err, e.idle
 	if err == nil {
 		return herdguard.Success
 	}
-	if ctl != nil && ctl.Pacing() {
+	if e.clientErr || e.outcome == OutcomeShed || e.gaveUpBelow || ctl != nil && ctl.Pacing() {
 		return herdguard.Ignored
 	}
 	switch ctx.Err() {
