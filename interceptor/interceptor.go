@@ -233,14 +233,17 @@ func (ic *Interceptor) Retries(method string, code codes.Code) bool {
 	return p.p.MaxAttempts > 1 && p.retryableCode(code)
 }
 
-// Overloaded reports whether ic's overload controller for target (a
-// ClientConn's Target()) paces its calls: the server has shown overload,
-// and calls to it are held back. It is false without overload control.
-// The mesh package's client half asks it before saying "don't retry" to
-// the layer above for a call a retry above limited to one attempt.
+// Overloaded reports whether calls to target (a ClientConn's Target())
+// are held back for overload: ic's overload controller paces them (the
+// server has shown overload), or, in the last second, the server said
+// that a layer below it held its answers back in that layer's line (a
+// server running the mesh package's server half, whose own calls below
+// are paced). It is false without overload control. The mesh package's
+// client half asks it before limiting a retry above to one attempt, and
+// passes it on to the layer above with each answer.
 func (ic *Interceptor) Overloaded(target string) bool {
 	ctl := ic.controllerFor(target)
-	return ctl != nil && ctl.Pacing()
+	return ctl != nil && (ctl.Pacing() || ctl.HeldBelow())
 }
 
 // Breakers returns the interceptor's circuit breakers, or nil when it has

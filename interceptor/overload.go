@@ -123,12 +123,15 @@ func attemptDoneAfter(ctl *pacing.Controller, err error, clk clock.Clock, sent t
 
 // attemptDoneIn is attemptDoneAfter for an attempt of the call whose
 // context is ctx, that asked the controller at asked and was sent at sent
-// (both zero: sent while calm). One that a layer below gave up on, and
-// said so (judgedBelow), says nothing; so does one that ended because the
+// (both zero: sent while calm). An answer that a layer below held back,
+// saying so (heldBelow), is an answer whose wait was that layer's; one
+// that a layer below gave up on, and said so (judgedBelow), says nothing; so does one that ended because the
 // call's deadline passed while it was in flight after it waited in the
 // line longer than it then had left (see timedOutIn).
 func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd, clk clock.Clock, asked, sent time.Time) {
 	switch {
+	case end.err == nil && heldBelow(end.trailer):
+		ctl.Done(pacing.HeldBelow, 0) // its time was the line's below
 	case end.err == nil && sent.IsZero():
 		ctl.Done(pacing.Answered, 0)
 	case end.err != nil && judgedBelow(end.trailer):

@@ -319,6 +319,12 @@ func contextOutcome(err error) Outcome {
 // does not count such a call.
 func gaveUpBelow(md metadata.MD) bool { return len(md[wire.GaveUpKey]) > 0 } // a trailer's keys are lowercase: no Get
 
+// heldBelow reports whether an answer's trailer says that a layer below
+// held the call back in its overload controller's line
+// (wire.HeldBelowKey): the answer's wait was that layer's, not a queue at
+// this target.
+func heldBelow(md metadata.MD) bool { return len(md[wire.HeldBelowKey]) > 0 }
+
 // judgedBelow reports whether a failed attempt's trailer says "do not
 // retry" because a layer below gave up (gaveUpBelow beside a stopping
 // pushback): the server answered, and the protection of the layer below

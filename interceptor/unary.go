@@ -445,9 +445,10 @@ func (c *unaryCall) attempt(ctx context.Context, n int, end *attemptEnd) {
 	c.buf.header, c.buf.trailer = nil, nil
 	end.err = c.invoker(ctx, c.method, c.req, c.reply, c.cc, c.buf.opts...)
 	c.ic.attemptEnded(ctx, c.method, span, n, end.err, false, false)
+	end.trailer = c.buf.trailer // an answer's too: it may say a layer below held it back
 	if end.err != nil {
 		end.timedOut = end.timedOut && status.Code(end.err) == codes.DeadlineExceeded
-		end.trailer, end.headers = c.buf.trailer, c.buf.header != nil
+		end.headers = c.buf.header != nil
 		end.reached = !c.unsafe || c.buf.peer.Addr != nil
 		end.client = clientSide(end.err)
 	}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard/interceptor"
+	"github.com/herdguard/herdguard/internal/wire"
 )
 
 // DialOptions returns the client half's interceptors, configured by opts,
@@ -63,8 +64,21 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 		if err != nil {
 			err = c.gaveUp(served, cc.Target(), method, err, limited, cut && outOfTime(served, ctx, err))
 		}
+		c.heldBelow(served, cc.Target())
 		cancel()
 		return err
+	}
+}
+
+// heldBelow marks the answer to the request being served (ctx) as held
+// back below (wire.HeldBelowKey) when the connection's overload controller
+// paces target, the call's: the call waited in its line, and a herdguard
+// client above would otherwise take that wait for a queue at its own
+// target and hold its calls back too. It does nothing outside a gRPC
+// server's handler, or while the controller is calm.
+func (c config) heldBelow(ctx context.Context, target string) {
+	if c.overloadedAt(target) {
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(wire.HeldBelowKey, "1"))
 	}
 }
 
@@ -159,6 +173,7 @@ func (s *clientStream) RecvMsg(m any) error {
 		return nil
 	}
 	err = s.judge(err)
+	s.c.heldBelow(s.served, s.target) // the stream ended
 	s.cancel()
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -386,4 +387,49 @@ func TestStreamsBeforeAndAfterCommit(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestHeldBelowPassesUp: while a tier's overload controller paces its
+// target, the client half marks the answers to the requests the tier
+// serves as held back below (herdguard-held-below), and a herdguard tier
+// above, whose answers then come from that line, passes the mark on with
+// its own answers: no layer above takes the wait in that line for a queue
+// at its own target, which would hold its calls back too. The leaf
+// refuses its first 50 attempts, which start the lower tier's pacing, and
+// answers after; the upper tier, calm, marks its answers only once the
+// lower tier's come marked.
+func TestHeldBelowPassesUp(t *testing.T) {
+	var refusals atomic.Int64
+	l := &leaf{answer: func(ctx context.Context, n int64) error {
+		if refusals.Add(1) <= 50 {
+			return unavailable(ctx, n)
+		}
+		return nil
+	}}
+	paced := overload.Settings{Interval: 10 * time.Millisecond, MinFailures: 2}
+	low := herdguard(t, interceptor.WithPolicy(fast(1)), interceptor.WithoutBreaker(), interceptor.WithOverloadControl(paced))
+	mid := serve(t, &tier{next: dial(t, serve(t, l), mesh.DialOptions(low)...)}, mesh.ServerOptions()...)
+	high := herdguard(t, interceptor.WithPolicy(fast(1)), interceptor.WithoutBreaker())
+	top := serve(t, &tier{next: dial(t, mid, mesh.DialOptions(high)...)}, mesh.ServerOptions()...)
+	held := func(md metadata.MD) bool { return len(md.Get("herdguard-held-below")) > 0 }
+	answeredHeld := func(c demov1.GatewayServiceClient, what string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		for ctx.Err() == nil {
+			var trailer metadata.MD
+			if _, err := c.Charge(ctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer)); err == nil && held(trailer) {
+				return
+			}
+			time.Sleep(time.Millisecond) // a call per millisecond, so that intervals pass
+		}
+		t.Fatalf("%s: no answer came back marked as held below within 20 s", what)
+	}
+
+	var trailer metadata.MD
+	if _, err := plain(t, top).Charge(context.Background(), &demov1.ChargeRequest{}, grpc.Trailer(&trailer)); held(trailer) {
+		t.Fatalf("first call, every tier calm: %v, marked as held below", err)
+	}
+	answeredHeld(plain(t, mid), "the lower tier, while it paces the leaf")
+	answeredHeld(plain(t, top), "the upper tier, calm, above the lower tier's line")
 }

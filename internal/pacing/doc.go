@@ -34,8 +34,8 @@
 //     uncertainty), when it collapsed (rule 5), or when it falls behind:
 //     over a Window it ended fewer than 90 % of the attempts it was sent,
 //     MinFailures fewer at least, as a server does that queues what it
-//     cannot serve (not when a layer below gave up on some of them, saying
-//     so: that layer holds calls back already). The rate becomes Headroom of the answers per Interval
+//     cannot serve (not when a layer below gave up on or held back some of
+//     them, saying so: that layer holds calls back already). The rate becomes Headroom of the answers per Interval
 //     the evidence shows. (TestOverload)
 //  3. Own share. The share of attempts the target fails on its own is
 //     learnt, over some 5 s, from each Interval once it is a Window old,
@@ -81,8 +81,8 @@
 //  8. Growth. While attempts wait, nothing beyond the own share is
 //     refused and the target keeps up (it ended 90 % of the attempts sent
 //     in the last two Intervals, or all but MinFailures; one that ends
-//     fewer queues them, unless a layer below gave up on some, as in
-//     rule 2): after a hold, back to what this client's traffic got
+//     fewer queues them, unless a layer below gave up on or held back
+//     some, as in rule 2): after a hold, back to what this client's traffic got
 //     before the episode, then a tenth more per Hold, never past a tenth
 //     above the attempts that come (a fleet's sum varies more than one
 //     client's); with nothing known, a slow start that doubles per

@@ -287,8 +287,8 @@ func (c *Controller) intervalLocked(b, prev counts, now time.Time) {
 // attempts sent in the last two Intervals (b and prev), and MinFailures
 // fewer at least: one that ends fewer queues them, and more would only
 // lengthen its queue until it refuses. As in rule 2, a server whose layer
-// below gave up on some of them is not queueing: that layer holds calls
-// back already.
+// below gave up on or held back some of them is not queueing: that layer
+// holds calls back already.
 func (c *Controller) growLocked(now time.Time, b, prev counts) {
 	ep := &c.ep
 	if ep.collapsed || ep.refusedLast || !ep.waited && len(c.line) == 0 {

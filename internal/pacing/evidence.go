@@ -6,8 +6,9 @@ import (
 
 // counts are outcomes: attempts asked for (while calm, every one is
 // sent), sent, answered, refused for load, and gone (ended saying nothing
-// of the load: the caller gave up, or a layer below judged), below of
-// them a layer below's give-ups.
+// of the load: the caller gave up, or a layer below judged); below counts
+// the attempts a layer below gave up on (gone) or held back (answered),
+// saying so.
 type counts struct {
 	asked, sent, answered, refused, gone, below float64
 }

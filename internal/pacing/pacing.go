@@ -104,6 +104,12 @@ const (
 	// It says nothing of this client's load, and that a server answering
 	// late is not queuing this client's attempts (rule 2).
 	Below
+	// HeldBelow is an answer that came late because a layer below held the
+	// call back, saying so: that layer paces the server below it, and this
+	// target's answers wait on its line. It counts as an answer, and, as
+	// Below, says that a server answering late is not queuing this
+	// client's attempts (rules 2 and 8).
+	HeldBelow
 )
 
 // Env is the time a Controller reads and waits on, and its random source.
@@ -136,7 +142,8 @@ type Controller struct {
 	firstSent atomic.Int64 // Unix ns: when the first of them was sent
 	calmOK    atomic.Int64 // answers while calm, not yet folded
 	calmGone  atomic.Int64 // attempts that said nothing, not yet folded
-	calmBelow atomic.Int64 // of those, attempts a layer below gave up on
+	calmBelow atomic.Int64 // attempts a layer below gave up on or held back
+	heldAt    atomic.Int64 // Unix ns: the last answer a layer below held back (HeldBelow); 0: none
 	answers   atomic.Uint32
 	foldAfter atomic.Int64 // Unix ns: a calm answer past this folds the counts in
 	stats     counters
@@ -186,6 +193,14 @@ func New(s overload.Settings, env Env) (*Controller, error) {
 // Pacing reports whether the controller paces attempts: the server has
 // shown it is overloaded. It takes no lock.
 func (c *Controller) Pacing() bool { return c.pacing.Load() }
+
+// HeldBelow reports whether a layer below held back an answer to this
+// target in the last Window (HeldBelow): calls to the target wait in that
+// layer's line. It reads the clock only once it has seen one.
+func (c *Controller) HeldBelow() bool {
+	at := c.heldAt.Load()
+	return at != 0 && c.s.Now().UnixNano()-at < int64(buckets*c.s.Interval)
+}
 
 // sentCalm counts an attempt sent while calm; the first since the last
 // fold reads the clock, so that the counts are spread over the time they
@@ -245,7 +260,11 @@ func (c *Controller) Acquire(ctx context.Context, retry bool) (time.Duration, er
 // counted) ended, and how long the server took to answer it (0: not known).
 func (c *Controller) Done(o Outcome, took time.Duration) {
 	switch o {
-	case Answered:
+	case Answered, HeldBelow:
+		if o == HeldBelow {
+			c.calmBelow.Add(1) // folded into the evidence with the calm counts
+			c.heldAt.Store(c.s.Now().UnixNano())
+		}
 		if !c.pacing.Load() {
 			c.calmOK.Add(1)
 			if c.answers.Add(1)%foldEvery == 0 && c.s.Now().UnixNano() >= c.foldAfter.Load() {
@@ -343,9 +362,10 @@ func (c *Controller) foldLocked(now time.Time) {
 // by more than the last two Intervals sent and MinFailures, so its queue
 // grows (rule 2). A slow server that keeps up ends as many as it is sent,
 // however long each takes; a burst just sent is in flight, not queued; and
-// a server whose layer below gave up on attempts of the Window (Below)
-// answers late because that layer holds calls back for the server it
-// judged overloaded: holding them back here too would only add a wait.
+// a server whose layer below gave up on or held back attempts of the
+// Window (Below, HeldBelow) answers late because that layer holds calls
+// back for the server it judged overloaded: holding them back here too
+// would only add a wait.
 func (c *Controller) queuing() bool {
 	t := c.ev.total()
 	ended := t.answered + t.refused + t.gone

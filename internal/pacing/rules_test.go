@@ -251,6 +251,40 @@ func TestOverload(t *testing.T) {
 			t.Error("the server ended half of what it was sent for a Window: not pacing")
 		}
 	})
+	t.Run("behind a layer below that holds calls back", func(t *testing.T) {
+		// As "falling behind", but the answers say that a layer below
+		// held them back: its line, not this target's queue, is why the
+		// attempts end late, and that layer paces already.
+		r := calmRig(t, overload.Settings{})
+		for range 3 * buckets {
+			for range 100 {
+				r.c.Sent()
+			}
+			for range 50 {
+				r.c.Done(HeldBelow, 0)
+			}
+			r.advance(overload.DefaultInterval)
+		}
+		if st := r.c.State(); st.Pacing || st.Episodes != 0 {
+			t.Errorf("half the attempts ended, each held back below: %+v", st)
+		}
+	})
+	t.Run("held below for a Window", func(t *testing.T) {
+		r := calmRig(t, overload.Settings{})
+		if r.c.HeldBelow() {
+			t.Fatal("HeldBelow before any answer held below")
+		}
+		r.c.Sent()
+		r.c.Done(HeldBelow, 0)
+		r.advance(buckets*overload.DefaultInterval - time.Nanosecond)
+		if !r.c.HeldBelow() {
+			t.Error("HeldBelow false within a Window of an answer held below")
+		}
+		r.advance(time.Nanosecond)
+		if r.c.HeldBelow() {
+			t.Error("HeldBelow true a Window after the last answer held below")
+		}
+	})
 	t.Run("slow but keeping up", func(t *testing.T) {
 		r := calmRig(t, overload.Settings{})
 		for range 3 * buckets { // answered a whole Interval late, every one of them

@@ -21,4 +21,12 @@ const (
 	// again here would open this layer's breaker on the evidence of
 	// another's.
 	GaveUpKey = "herdguard-gave-up"
+
+	// HeldBelowKey is the trailer by which a server running herdguard's
+	// server half (package mesh) says that a call it made below went
+	// through an overload controller that paced its target: the answer
+	// waited in that layer's line. A herdguard client above does not take
+	// the wait for a queue at its own target (pacing.HeldBelow): the layer
+	// below holds calls back already.
+	HeldBelowKey = "herdguard-held-below"
 )
