@@ -128,7 +128,7 @@ func TestTrailerOnEveryGiveUp(t *testing.T) {
 		}, code: codes.OK, attempts: 3},
 	}
 	for _, tt := range tests {
-		for _, kind := range []string{"unary", "stream"} {
+		for _, kind := range []string{"stream", "unary"} { // the stream first: its own answers must mark the upper tier
 			t.Run(tt.name+", "+kind, func(t *testing.T) {
 				l := &leaf{answer: tt.answer}
 				opts := append([]interceptor.Option{interceptor.WithPolicy(fast(3)), interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl()}, tt.opts...)
@@ -397,7 +397,7 @@ func TestStreamsBeforeAndAfterCommit(t *testing.T) {
 // at its own target, which would hold its calls back too. The leaf
 // refuses its first 50 attempts, which start the lower tier's pacing, and
 // answers after; the upper tier, calm, marks its answers only once the
-// lower tier's come marked.
+// lower tier's come marked, for a stream's answers as for a unary call's.
 func TestHeldBelowPassesUp(t *testing.T) {
 	var refusals atomic.Int64
 	l := &leaf{answer: func(ctx context.Context, n int64) error {
@@ -412,24 +412,43 @@ func TestHeldBelowPassesUp(t *testing.T) {
 	high := herdguard(t, interceptor.WithPolicy(fast(1)), interceptor.WithoutBreaker())
 	top := serve(t, &tier{next: dial(t, mid, mesh.DialOptions(high)...)}, mesh.ServerOptions()...)
 	held := func(md metadata.MD) bool { return len(md.Get("herdguard-held-below")) > 0 }
-	answeredHeld := func(c demov1.GatewayServiceClient, what string) {
+	// call makes one call of the kind, and returns its error and trailer.
+	call := func(ctx context.Context, c demov1.GatewayServiceClient, kind string) (error, metadata.MD) {
+		if kind == "unary" {
+			var trailer metadata.MD
+			_, err := c.Charge(ctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer))
+			return err, trailer
+		}
+		cs, err := c.ListCharges(ctx, &demov1.ListChargesRequest{})
+		if err != nil {
+			return err, nil
+		}
+		for err == nil {
+			_, err = cs.Recv()
+		}
+		if err == io.EOF {
+			err = nil
+		}
+		return err, cs.Trailer()
+	}
+	answeredHeld := func(c demov1.GatewayServiceClient, kind, what string) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		for ctx.Err() == nil {
-			var trailer metadata.MD
-			if _, err := c.Charge(ctx, &demov1.ChargeRequest{}, grpc.Trailer(&trailer)); err == nil && held(trailer) {
+			if err, trailer := call(ctx, c, kind); err == nil && held(trailer) {
 				return
 			}
 			time.Sleep(time.Millisecond) // a call per millisecond, so that intervals pass
 		}
-		t.Fatalf("%s: no answer came back marked as held below within 20 s", what)
+		t.Fatalf("%s: no %s answer came back marked as held below within 20 s", what, kind)
 	}
 
-	var trailer metadata.MD
-	if _, err := plain(t, top).Charge(context.Background(), &demov1.ChargeRequest{}, grpc.Trailer(&trailer)); held(trailer) {
+	if err, trailer := call(context.Background(), plain(t, top), "unary"); held(trailer) {
 		t.Fatalf("first call, every tier calm: %v, marked as held below", err)
 	}
-	answeredHeld(plain(t, mid), "the lower tier, while it paces the leaf")
-	answeredHeld(plain(t, top), "the upper tier, calm, above the lower tier's line")
+	answeredHeld(plain(t, mid), "unary", "the lower tier, while it paces the leaf")
+	for _, kind := range []string{"stream", "unary"} { // the stream first: its own answers must mark the upper tier
+		answeredHeld(plain(t, top), kind, "the upper tier, calm, above the lower tier's line")
+	}
 }
