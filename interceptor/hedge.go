@@ -238,7 +238,7 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 	case err != nil && judgedBelow(*a.trailer): // nor one a layer below gave up on
 		c.ctl.Done(pacing.Below, 0)
 	default:
-		attemptDoneAfter(c.ctl, err, c.ic.clock, a.start)
+		attemptDoneAfter(c.ctl, err, *a.trailer, c.ic.clock, a.start)
 	}
 
 	if err == nil && h.sched.window != nil {

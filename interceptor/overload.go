@@ -13,6 +13,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -109,11 +110,15 @@ func shedError(n int, last, shed error) error {
 
 // attemptDoneAfter is attemptDone for an attempt sent at sent (zero: sent
 // while the controller was calm, and not timed) to a target with a
-// controller: an answer tells the controller how long it took.
-func attemptDoneAfter(ctl *pacing.Controller, err error, clk clock.Clock, sent time.Time) {
+// controller, whose trailer was trailer: an answer tells the controller
+// how long it took, but one that a layer below held back, saying so
+// (heldBelow), is an answer whose wait was that layer's line.
+func attemptDoneAfter(ctl *pacing.Controller, err error, trailer metadata.MD, clk clock.Clock, sent time.Time) {
 	switch {
 	case err != nil:
 		attemptDone(ctl, err)
+	case heldBelow(trailer):
+		ctl.Done(pacing.HeldBelow, 0)
 	case sent.IsZero():
 		ctl.Done(pacing.Answered, 0)
 	default:
@@ -123,23 +128,20 @@ func attemptDoneAfter(ctl *pacing.Controller, err error, clk clock.Clock, sent t
 
 // attemptDoneIn is attemptDoneAfter for an attempt of the call whose
 // context is ctx, that asked the controller at asked and was sent at sent
-// (both zero: sent while calm). An answer that a layer below held back,
-// saying so (heldBelow), is an answer whose wait was that layer's; one
-// that a layer below gave up on, and said so (judgedBelow), says nothing; so does one that ended because the
-// call's deadline passed while it was in flight after it waited in the
-// line longer than it then had left (see timedOutIn).
+// (both zero: sent while calm). An attempt that a layer below gave up
+// on, and said so (judgedBelow), says nothing; so does one that ended
+// because the call's deadline passed while it was in flight after it
+// waited in the line longer than it then had left (see timedOutIn).
 func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd, clk clock.Clock, asked, sent time.Time) {
 	switch {
-	case end.err == nil && heldBelow(end.trailer):
-		ctl.Done(pacing.HeldBelow, 0) // its time was the line's below
-	case end.err == nil && sent.IsZero():
-		ctl.Done(pacing.Answered, 0)
-	case end.err != nil && judgedBelow(end.trailer):
+	case end.err == nil:
+	case judgedBelow(end.trailer):
 		ctl.Done(pacing.Below, 0)
+		return
 	case timedOutIn(ctx, ctl, end.err, end.timedOut, asked, sent, clk):
-	default:
-		attemptDoneAfter(ctl, end.err, clk, sent)
+		return
 	}
+	attemptDoneAfter(ctl, end.err, end.trailer, clk, sent)
 }
 
 // timedOutIn tells the controller what timeoutOutcome makes of an

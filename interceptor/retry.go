@@ -50,15 +50,15 @@ type attemptEnd struct {
 // or the end of the call with its outcome and error.
 type decision struct {
 	retry bool
-	wait  time.Duration
 	// pushback: the wait is the server's own (gRFC A6), not a backoff.
 	pushback bool
-	jitter   string // the span's name for the wait: the Jitter's, or "pushback"
-	outcome  Outcome
-	err      error
 	// gaveUpBelow: the call stops on a "do not retry" pushback that came
 	// with the herdguard-gave-up trailer (a layer below gave up).
 	gaveUpBelow bool
+	wait        time.Duration
+	jitter      string // the span's name for the wait: the Jitter's, or "pushback"
+	outcome     Outcome
+	err         error
 }
 
 // failure is how a failed attempt bears on its call, by the rules of

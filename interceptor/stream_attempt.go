@@ -28,7 +28,6 @@ var errAttemptTimeout = errs.New("per-attempt timeout")
 type streamAttempt struct {
 	n       int
 	cs      grpc.ClientStream // nil when the attempt failed to open
-	live    bool              // the call's context was alive when it started
 	started time.Time
 	// asked and sent are when the attempt asked the overload controller and
 	// when it went, while the controller paced (zero: sent while calm).
@@ -40,11 +39,8 @@ type streamAttempt struct {
 	// the stream's commit: whichever comes first wins (attemptOpen,
 	// attemptKept, attemptExpired).
 	fate  atomic.Int32
-	span  trace.Span
+	live  bool // the call's context was alive when it started
 	ended bool // its span is ended and it is counted; guarded by the stream's mu
-	// notSent is why the overload controller did not let the attempt go
-	// (shed, or the context ended while it waited); it never opened.
-	notSent error
 	// clientErr is true when the attempt ended with the client's own error,
 	// not the server's: a SendMsg that gRPC or a later interceptor refused.
 	// Guarded by the stream's mu.
@@ -52,6 +48,10 @@ type streamAttempt struct {
 	// judgedBelow is true when its trailer said a layer below gave up
 	// (judgedBelow). Guarded by the stream's mu.
 	judgedBelow bool
+	span        trace.Span
+	// notSent is why the overload controller did not let the attempt go
+	// (shed, or the context ended while it waited); it never opened.
+	notSent error
 
 	// recvMu serialises RecvMsg on cs until the stream commits, so that a
 	// SendMsg or Header that found the attempt over can learn how it ended

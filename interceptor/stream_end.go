@@ -198,7 +198,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	if s.breakerDone != nil {
 		v := herdguard.Ignored // an idle stream at its deadline says nothing of the server
 		if !s.idleAtDeadlineLocked(err) {
-			v = s.ic.verdict(s.ctx, s.ctl, callEnd{err: err, clientErr: a.clientErr, outcome: s.outcome, gaveUpBelow: s.gaveUpBelow, idle: s.idleDeadline || !a.live})
+			v = s.ic.verdict(s.ctx, s.ctl, &callEnd{err: err, clientErr: a.clientErr, outcome: s.outcome, gaveUpBelow: s.gaveUpBelow, idle: s.idleDeadline || !a.live})
 		}
 		s.breakerDone(v)
 		s.breakerDone = nil
@@ -280,12 +280,10 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		// deadline ended the stream it was serving: that says nothing of
 		// its load, and a watch stream lives until its deadline.
 		attemptDone(s.ctl, nil)
-	case err == nil && a.cs != nil && a.over.Load() && heldBelow(a.cs.Trailer()):
+	case s.ctl != nil && err == nil && a.cs != nil && a.over.Load() && heldBelow(a.cs.Trailer()):
 		// Answered after a layer below held it back in its line, saying
 		// so: the wait was that layer's, not a queue at this target.
-		if s.ctl != nil {
-			s.ctl.Done(pacing.HeldBelow, 0)
-		}
+		s.ctl.Done(pacing.HeldBelow, 0)
 	case a.judgedBelow:
 		// A layer below gave up and said so: it says nothing of the load.
 		if s.ctl != nil {

@@ -235,7 +235,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 				maxAttempts = 1
 			}
 			err = c.call(ctx, maxAttempts)
-			return ic.verdict(ctx, c.ctl, callEnd{err: err, clientErr: c.clientErr, outcome: c.outcome, gaveUpBelow: c.gaveUpBelow, idle: c.idle})
+			return ic.verdict(ctx, c.ctl, &callEnd{err: err, clientErr: c.clientErr, outcome: c.outcome, gaveUpBelow: c.gaveUpBelow, idle: c.idle})
 		})
 		if berr != nil {
 			err, c.outcome = berr, refusalOutcome(berr)
@@ -311,7 +311,7 @@ type callEnd struct {
 // controller's probes find. A server whose process is gone refuses
 // nothing: its attempts never reach it, the controller hears nothing, and
 // the breaker opens on the failed calls.
-func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, e callEnd) herdguard.Verdict {
+func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, e *callEnd) herdguard.Verdict {
 	err, idle := e.err, e.idle
 	if err == nil {
 		return herdguard.Success

@@ -64,7 +64,9 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 		if err != nil {
 			err = c.gaveUp(served, cc.Target(), method, err, limited, cut && outOfTime(served, ctx, err))
 		}
-		c.heldBelow(served, cc.Target())
+		if c.overloaded != nil { // installed through DialOptions: ic knows whether the target is paced
+			c.heldBelow(served, cc.Target())
+		}
 		cancel()
 		return err
 	}

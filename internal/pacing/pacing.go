@@ -199,7 +199,14 @@ func (c *Controller) Pacing() bool { return c.pacing.Load() }
 // layer's line. It reads the clock only once it has seen one.
 func (c *Controller) HeldBelow() bool {
 	at := c.heldAt.Load()
-	return at != 0 && c.s.Now().UnixNano()-at < int64(buckets*c.s.Interval)
+	if at == 0 {
+		return false
+	}
+	if c.s.Now().UnixNano()-at < int64(buckets*c.s.Interval) {
+		return true
+	}
+	c.heldAt.CompareAndSwap(at, 0) // forgotten: the next asks read no clock
+	return false
 }
 
 // sentCalm counts an attempt sent while calm; the first since the last
