@@ -85,9 +85,9 @@ type hedgeAttempt struct {
 		header, trailer metadata.MD // a hedge's catchers
 		peer            peer.Peer   // when the caller asked for the peer
 	}
-	span  trace.Span
-	start time.Time
-	live  bool // its context was not over when it went out
+	span   trace.Span
+	start  time.Time // when it went, for a latency-aware delay
+	ticket ticket
 }
 
 func newHedgeCall() any {
@@ -98,7 +98,7 @@ func newHedgeCall() any {
 
 // hedge makes a hedged call of at most maxAttempts attempts and returns its
 // error. It sets c.attempts, c.outcome, c.hedges and c.winner.
-func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
+func (c *unaryCall) hedge(ctx context.Context, maxAttempts int, t *ticket) error {
 	h := c.ic.hedgeCalls.Get().(*hedgeCall)
 	defer h.release(c.ic)
 	h.c, h.ctx = *c, ctx
@@ -114,6 +114,7 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int) error {
 
 	h.mu.Lock()
 	first := h.newAttemptLocked(1)
+	first.ticket = *t
 	h.outstanding = 1
 	h.sched.armLocked(h.sched.delay)
 	h.mu.Unlock()
@@ -205,14 +206,11 @@ func (h *hedgeCall) run(a *hedgeAttempt) error {
 			a.span.SetAttributes(telemetry.AttrHedge.Bool(true))
 		}
 	}
-	// Latency is recorded for a latency-aware delay, and for the overload
-	// controller while it paces.
-	if h.sched.window != nil || c.ctl != nil && c.ctl.Pacing() {
-		a.start = c.ic.clock.Now()
+	if a.n > 1 {
+		_ = c.ic.take(ctx, nil, c.ctl, c.method, a.n, pacing.Aside, &a.ticket) // a hedge goes only while calm: never held
 	}
-	a.live = ctx.Err() == nil
-	if c.ctl != nil && a.live {
-		c.ctl.Sent() // counted by Acquire instead while pacing
+	if h.sched.window != nil {
+		a.start = c.ic.clock.Now()
 	}
 	return c.invoker(ctx, c.method, c.req, a.reply, c.cc, a.opts...)
 }
@@ -233,18 +231,10 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 	won := h.winner == a && err == nil
 	h.mu.Unlock()
 	a.cancel()
-	switch {
-	case c.ctl == nil || !a.live: // one never sent says nothing of the load
-	case err != nil && judgedBelow(*a.trailer): // nor one a layer below gave up on
-		c.ctl.Done(pacing.Below, 0)
-	default:
-		attemptDoneAfter(c.ctl, err, *a.trailer, c.ic.clock, a.start)
-	}
-
 	if err == nil && h.sched.window != nil {
 		h.sched.window.Record(elapsed) // an attempt cancelled as a loser ends with an error
 	}
-	c.ic.attemptEnded(h.ctx, c.method, a.span, a.n, err, a.n > 1, won)
+	c.ic.finish(h.ctx, c.method, &a.ticket, &attemptEnd{n: a.n, err: err, trailer: *a.trailer, span: a.span}, a.n > 1, won)
 }
 
 // judgeLocked decides the call on attempt a's end, or goes on hedging.
@@ -395,7 +385,7 @@ func (r *hedgeRules) refusal() string {
 	switch {
 	case r.breaker != nil && !r.breaker.Calm():
 		return "breaker"
-	case r.ctl != nil && r.ctl.Pacing():
+	case paces(r.ctl):
 		return "overload"
 	case r.throttle != nil && !r.throttle.Allowed():
 		return "throttling"

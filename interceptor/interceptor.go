@@ -243,7 +243,7 @@ func (ic *Interceptor) Retries(method string, code codes.Code) bool {
 // passes it on to the layer above with each answer.
 func (ic *Interceptor) Overloaded(target string) bool {
 	ctl := ic.controllerFor(target)
-	return ctl != nil && (ctl.Pacing() || ctl.HeldBelow())
+	return paces(ctl) || ctl != nil && ctl.HeldBelow()
 }
 
 // Breakers returns the interceptor's circuit breakers, or nil when it has

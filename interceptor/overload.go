@@ -13,7 +13,6 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -52,24 +51,78 @@ type targetController struct {
 	ctl    *pacing.Controller
 }
 
-// admit asks the target's controller (nil: none) to send attempt n; back
-// puts a retry at the back of its line (see inLine). An attempt held back
-// is traced as a span of its own, like a backoff wait, and the wait is
-// measured. A retry at the back of the line has that span however short
-// its wait: it is the wait it had in place of its backoff, so that in a
-// trace every retry follows a wait. It returns nil when the attempt may
-// go, [pacing.ErrShed] when it was shed, or the status error that matches
-// the context's when ctx ended while it waited.
-func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *pacing.Controller, method string, n int, back bool) error {
-	if ctl == nil || !ctl.Pacing() {
+// ticket is an attempt's place with its target's overload controller: the
+// interceptor reaches the controller only through paces, take, finish and
+// Overloaded. Every attempt (a unary call's, a stream's, a hedge) takes a
+// ticket before it goes and is finished once when it ends.
+type ticket struct {
+	ctl *pacing.Controller // nil: no overload control
+	// asked and sent are when the attempt asked the controller and when it
+	// went, while the controller paced (zero: sent while calm, not timed).
+	asked, sent time.Time
+	// live: the call's context was alive when it went. One whose context
+	// was over before it went out was never sent, and says nothing of the
+	// server's load.
+	live bool
+	// untimed: its length is not an answer's time (a stream's).
+	untimed bool
+}
+
+// paces reports whether ctl (nil: none) paces its target's attempts.
+func paces(ctl *pacing.Controller) bool { return ctl != nil && ctl.Pacing() }
+
+// take asks the target's controller (nil: none) to send attempt n from
+// place (see pacing.Place; a retry at the back of the line replaces its
+// backoff, see inLine), and sets *t, the attempt's ticket. An attempt held
+// back is traced as a span of its own, like a backoff wait, and the wait
+// is measured. A retry at the back of the line has that span however
+// short its wait: it is the wait it had in place of its backoff, so that
+// in a trace every retry follows a wait. The error is nil when the
+// attempt may go, [pacing.ErrShed] when it was shed, or the status error
+// that matches the context's when ctx ended while it waited.
+func (ic *Interceptor) take(ctx context.Context, tracer trace.Tracer, ctl *pacing.Controller, method string, n int, place pacing.Place, t *ticket) error {
+	// While pacing, the controller learns how long answers take, and how
+	// long an attempt that timed out waited in its line; while calm, the
+	// clock is not read.
+	if ctl == nil {
+		t.live = ctx.Err() == nil // t.ctl, asked and sent stay zero
 		return nil
 	}
-	held, err := ctl.Acquire(ctx, back)
-	if held <= 0 && err == nil && !back {
+	t.ctl, t.untimed = ctl, false
+	timed := place != pacing.Aside && paces(ctl)
+	if timed {
+		t.asked = ic.clock.Now()
+	} else {
+		t.sent, t.live = time.Time{}, ctx.Err() == nil // asked is read only with sent
+		if !t.live {
+			return nil // never sent: not counted
+		}
+	}
+	held, err := ctl.Acquire(ctx, place)
+	if !timed && held <= 0 && err == nil { // calm
 		return nil
 	}
+	if timed {
+		t.sent, t.live = ic.clock.Now(), ctx.Err() == nil
+	}
+	if err != nil {
+		t.live = false // it never goes
+	}
+	if held <= 0 && err == nil && place != pacing.Back {
+		return nil
+	}
+	return ic.held(ctx, tracer, method, n, t, held, err)
+}
+
+// held records that attempt n, with ticket t, was held back for held by
+// its controller, which then told it err (nil: go), and returns the error
+// take returns.
+func (ic *Interceptor) held(ctx context.Context, tracer trace.Tracer, method string, n int, t *ticket, held time.Duration, err error) error {
 	if tracer != nil {
-		end := ic.clock.Now()
+		end := t.sent
+		if end.IsZero() { // it began to pace as the attempt asked
+			end = ic.clock.Now()
+		}
 		_, span := tracer.Start(ctx, telemetry.SpanHeld, trace.WithTimestamp(end.Add(-held)), trace.WithAttributes(
 			telemetry.AttrAttempt.Int(n), names.AttrHeldMS.Float64(float64(held)/float64(time.Millisecond)), telemetry.AttrShed.Bool(errors.Is(err, pacing.ErrShed))))
 		span.End(trace.WithTimestamp(end))
@@ -83,6 +136,60 @@ func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *paci
 	return err
 }
 
+// finish ends attempt e, which went with ticket t, for the call whose
+// context is ctx: it tells the controller what the end says of the
+// server's load, ends the attempt's span and records its metrics. hedge
+// and won say whether it was a hedge, and the one whose answer the call
+// kept. Every attempt is finished here, once.
+func (ic *Interceptor) finish(ctx context.Context, method string, t *ticket, e *attemptEnd, hedge, won bool) {
+	if t.ctl != nil && t.live {
+		if o, took, ok := t.outcome(ctx, ic.clock, e); ok {
+			t.ctl.Done(o, took)
+		}
+	}
+	ic.attemptEnded(ctx, method, e.span, e.n, e.err, hedge, won)
+}
+
+// outcome is what attempt e, which went with ticket t, tells the
+// controller of the server's load, and how long the server took to answer
+// it (0: not known); ok is false when it tells nothing at all.
+//
+//   - An answer counts, and, while pacing, how long it took. One that a
+//     layer below held back in its line, saying so (heldBelow), is an
+//     answer whose wait was that layer's line.
+//   - A stream the server answered, ended later by the caller's deadline,
+//     is an answer: a watch stream lives until its deadline.
+//   - An attempt a layer below gave up on, saying so (judgedBelow), says
+//     nothing of the load.
+//   - So does one the caller's deadline ended before anyone asked the
+//     server for an answer (an idle stream, see idleAtDeadlineLocked).
+//   - One the call's deadline ended in flight is late, unless it waited
+//     in the line longer than it then had left (see timeoutOutcome).
+//   - Any other end is what its code says (loadOutcome).
+func (t *ticket) outcome(ctx context.Context, clk clock.Clock, e *attemptEnd) (o pacing.Outcome, took time.Duration, ok bool) {
+	switch {
+	case t.ctl == nil || !t.live:
+		return pacing.Ignored, 0, false
+	case e.err == nil && heldBelow(e.trailer):
+		return pacing.HeldBelow, 0, true
+	case e.err == nil:
+		if !t.sent.IsZero() && !t.untimed {
+			took = clk.Now().Sub(t.sent)
+		}
+		return pacing.Answered, took, true
+	case e.answered && status.Code(e.err) == codes.DeadlineExceeded:
+		return pacing.Answered, 0, true
+	case e.below || judgedBelow(e.trailer):
+		return pacing.Below, 0, true
+	case e.idle:
+		return pacing.Ignored, 0, true
+	}
+	if o, ok := timeoutOutcome(ctx, e.err, e.timedOut, t.asked, t.sent, clk); ok {
+		return o, 0, true
+	}
+	return loadOutcome(e.err), 0, true
+}
+
 // inLine reports whether the retry that d decided, after an attempt that
 // ended with err, waits in the controller's line instead of its backoff:
 // the controller paces the target and the server refused the attempt for
@@ -91,7 +198,7 @@ func (ic *Interceptor) admit(ctx context.Context, tracer trace.Tracer, ctl *paci
 // overload fresh calls go first, and a retry goes as soon as the server
 // takes it, not a backoff later.
 func inLine(ctl *pacing.Controller, d decision, err error) bool {
-	if ctl == nil || !ctl.Pacing() || d.pushback {
+	if !paces(ctl) || d.pushback {
 		return false
 	}
 	o := loadOutcome(err)
@@ -106,53 +213,6 @@ func shedError(n int, last, shed error) error {
 		last = status.Error(codes.Unavailable, shed.Error()) // it has herdguard's prefix
 	}
 	return &RetryError{Attempts: n - 1, Outcome: OutcomeShed, Err: last}
-}
-
-// attemptDoneAfter is attemptDone for an attempt sent at sent (zero: sent
-// while the controller was calm, and not timed) to a target with a
-// controller, whose trailer was trailer: an answer tells the controller
-// how long it took, but one that a layer below held back, saying so
-// (heldBelow), is an answer whose wait was that layer's line.
-func attemptDoneAfter(ctl *pacing.Controller, err error, trailer metadata.MD, clk clock.Clock, sent time.Time) {
-	switch {
-	case err != nil:
-		attemptDone(ctl, err)
-	case heldBelow(trailer):
-		ctl.Done(pacing.HeldBelow, 0)
-	case sent.IsZero():
-		ctl.Done(pacing.Answered, 0)
-	default:
-		ctl.Done(pacing.Answered, clk.Now().Sub(sent))
-	}
-}
-
-// attemptDoneIn is attemptDoneAfter for an attempt of the call whose
-// context is ctx, that asked the controller at asked and was sent at sent
-// (both zero: sent while calm). An attempt that a layer below gave up
-// on, and said so (judgedBelow), says nothing; so does one that ended
-// because the call's deadline passed while it was in flight after it
-// waited in the line longer than it then had left (see timedOutIn).
-func attemptDoneIn(ctx context.Context, ctl *pacing.Controller, end *attemptEnd, clk clock.Clock, asked, sent time.Time) {
-	switch {
-	case end.err == nil:
-	case judgedBelow(end.trailer):
-		ctl.Done(pacing.Below, 0)
-		return
-	case timedOutIn(ctx, ctl, end.err, end.timedOut, asked, sent, clk):
-		return
-	}
-	attemptDoneAfter(ctl, end.err, end.trailer, clk, sent)
-}
-
-// timedOutIn tells the controller what timeoutOutcome makes of an
-// attempt's end, and reports whether it was a time-out at the call's
-// deadline.
-func timedOutIn(ctx context.Context, ctl *pacing.Controller, err error, perAttempt bool, asked, sent time.Time, clk clock.Clock) bool {
-	o, ok := timeoutOutcome(ctx, err, perAttempt, asked, sent, clk)
-	if ok {
-		ctl.Done(o, 0)
-	}
-	return ok
 }
 
 // timeoutOutcome reports (ok) whether an attempt of the call whose context
@@ -190,13 +250,6 @@ func timeoutOutcome(ctx context.Context, err error, perAttempt bool, asked, sent
 // caller's, less the rounding of grpc-timeout (under a microsecond), so
 // it fires first only when the caller's timer runs late.
 const deadlineSlack = time.Millisecond
-
-// attemptDone tells the controller (nil: none) how an attempt ended.
-func attemptDone(ctl *pacing.Controller, err error) {
-	if ctl != nil {
-		ctl.Done(loadOutcome(err), 0)
-	}
-}
 
 // loadOutcome is what an attempt's end says of the server's load: no
 // error, or any code the server answered with, is an answer; Unavailable

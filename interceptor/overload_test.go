@@ -388,11 +388,11 @@ func TestOverloadRetryInLineAtOnceIsTraced(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := ic.admit(ctx, tp.Tracer("test"), ctl, "/s/M", 2, true); err != nil {
+	if err := ic.take(ctx, tp.Tracer("test"), ctl, "/s/M", 2, pacing.Back, new(ticket)); err != nil {
 		t.Fatalf("retry in line: %v", err)
 	}
 	clk.Skip(time.Minute)
-	if err := ic.admit(ctx, tp.Tracer("test"), ctl, "/s/M", 1, false); err != nil {
+	if err := ic.take(ctx, tp.Tracer("test"), ctl, "/s/M", 1, pacing.Fresh, new(ticket)); err != nil {
 		t.Fatalf("first attempt: %v", err)
 	}
 	var spans []string
@@ -703,7 +703,7 @@ func attemptTimes(t *testing.T, cs grpc_testing.TestService_StreamingOutputCallC
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	return rs.a.asked, rs.a.sent
+	return rs.a.ticket.asked, rs.a.ticket.sent
 }
 
 // A server that refuses a share of a wave at once and answers the rest a
@@ -897,8 +897,68 @@ func pacedController(t *testing.T) (*pacing.Controller, *testutil.Clock) {
 		t.Fatal(err)
 	}
 	for range 4 { // at MinFailures 1, four refusals start the pacing
-		ctl.Sent()
+		if _, err := ctl.Acquire(context.Background(), pacing.Aside); err != nil {
+			t.Fatal(err)
+		}
 		ctl.Done(pacing.Overloaded, 0)
 	}
 	return ctl, clk
+}
+
+// Every attempt, a unary call's, a stream's or a hedge's, tells the
+// controller what its end says of the server's load through one
+// classification (ticket.outcome): what each kind of end tells, and how
+// long an answer took.
+func TestTicketOutcome(t *testing.T) {
+	ctl, clk := pacedController(t)
+	expired, cancel := context.WithDeadline(context.Background(), clk.Now().Add(-time.Millisecond))
+	defer cancel()
+	var (
+		refused  = status.Error(codes.Unavailable, "overloaded")
+		timedOut = status.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
+		gaveUp   = metadata.MD{wire.GaveUpKey: {"1"}, wire.PushbackKey: {"-1"}}
+		held     = metadata.MD{wire.HeldBelowKey: {"1"}}
+		sent     = clk.Now().Add(-30 * time.Millisecond)
+		calm     = ticket{ctl: ctl, live: true}
+		paced    = ticket{ctl: ctl, live: true, asked: sent.Add(-time.Millisecond), sent: sent}
+	)
+	for _, tc := range []struct {
+		name string
+		t    ticket
+		ctx  context.Context
+		e    attemptEnd
+		want pacing.Outcome
+		took time.Duration
+		ok   bool // false: it tells nothing
+	}{
+		{"no controller", ticket{live: true}, nil, attemptEnd{err: refused}, pacing.Ignored, 0, false},
+		{"never went out", ticket{ctl: ctl}, nil, attemptEnd{err: refused}, pacing.Ignored, 0, false},
+		{"an answer while calm", calm, nil, attemptEnd{}, pacing.Answered, 0, true},
+		{"an answer while pacing, timed", paced, nil, attemptEnd{}, pacing.Answered, 30 * time.Millisecond, true},
+		{"a stream's answer while pacing, untimed", ticket{ctl: ctl, live: true, sent: sent, untimed: true}, nil, attemptEnd{}, pacing.Answered, 0, true},
+		{"an answer held below", paced, nil, attemptEnd{trailer: held}, pacing.HeldBelow, 0, true},
+		{"a refusal", calm, nil, attemptEnd{err: refused}, pacing.Overloaded, 0, true},
+		{"a refusal with a trailer held below", calm, nil, attemptEnd{err: refused, trailer: held}, pacing.Overloaded, 0, true},
+		{"an answer with another code", calm, nil, attemptEnd{err: status.Error(codes.NotFound, "no")}, pacing.Answered, 0, true},
+		{"the caller's cancellation", calm, nil, attemptEnd{err: status.Error(codes.Canceled, "cancelled")}, pacing.Ignored, 0, true},
+		{"a give-up below, in the trailer", calm, nil, attemptEnd{err: refused, trailer: gaveUp}, pacing.Below, 0, true},
+		{"a give-up below, read before the end", calm, nil, attemptEnd{err: refused, below: true}, pacing.Below, 0, true},
+		{"a stream answered, then its deadline", paced, expired, attemptEnd{err: timedOut, answered: true}, pacing.Answered, 0, true},
+		{"an idle stream at its deadline", paced, expired, attemptEnd{err: timedOut, idle: true}, pacing.Ignored, 0, true},
+		{"in flight at the call's deadline", paced, fakeDeadline{expired, sent.Add(time.Second)}, attemptEnd{err: timedOut}, pacing.Late, 0, true},
+		{"in line longer than it then had left", paced, fakeDeadline{expired, sent.Add(time.Microsecond)}, attemptEnd{err: timedOut}, pacing.Ignored, 0, true},
+		{"its own per-attempt timeout", paced, expired, attemptEnd{err: timedOut, timedOut: true}, pacing.Late, 0, true},
+		{"the server's own time-out, the call's deadline ahead", paced, context.Background(), attemptEnd{err: timedOut}, pacing.Late, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := tc.ctx
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			o, took, ok := tc.t.outcome(ctx, clk, &tc.e)
+			if ok != tc.ok || ok && (o != tc.want || took != tc.took) {
+				t.Errorf("outcome = %v, %v, %v; want %v, %v, %v", o, took, ok, tc.want, tc.took, tc.ok)
+			}
+		})
+	}
 }

@@ -44,6 +44,16 @@ type attemptEnd struct {
 	headers bool
 	// client is true when the error is the client's own (see clientSide).
 	client bool
+	// below: a layer below gave up on it, saying so in a trailer read
+	// before the attempt ended (a stream's; see judgedBelow).
+	below bool
+	// answered: the server answered it (a stream's header or message)
+	// before the caller's deadline ended it.
+	answered bool
+	// idle: the caller's deadline ended it before anyone asked the server
+	// for an answer (see idleAtDeadlineLocked).
+	idle bool
+	span trace.Span // its span; nil when not traced
 }
 
 // decision is what follows a failed attempt: a wait and another attempt,
@@ -188,7 +198,7 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 	throttled := !bs.throttleFailure() // every retryable failure takes a token
 	if e.n >= maxAttempts {
 		d := stop(OutcomeExhausted, e.n, e.err)
-		d.err.(*RetryError).Overloaded = bs.ctl != nil && bs.ctl.Pacing()
+		d.err.(*RetryError).Overloaded = paces(bs.ctl)
 		return d
 	}
 	if throttled {

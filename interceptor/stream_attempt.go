@@ -29,17 +29,14 @@ type streamAttempt struct {
 	n       int
 	cs      grpc.ClientStream // nil when the attempt failed to open
 	started time.Time
-	// asked and sent are when the attempt asked the overload controller and
-	// when it went, while the controller paced (zero: sent while calm).
-	asked, sent time.Time
-	cancel      context.CancelCauseFunc
-	openCtx     context.Context // a hedge's context until hedgedStream.openHedge opens it
-	timeout     clock.Timer     // cancels the attempt at PerAttemptTimeout until commit
+	ticket  ticket // its place with the overload controller
+	cancel  context.CancelCauseFunc
+	openCtx context.Context // a hedge's context until hedgedStream.openHedge opens it
+	timeout clock.Timer     // cancels the attempt at PerAttemptTimeout until commit
 	// fate settles, once, the race between the per-attempt timeout and
 	// the stream's commit: whichever comes first wins (attemptOpen,
 	// attemptKept, attemptExpired).
 	fate  atomic.Int32
-	live  bool // the call's context was alive when it started
 	ended bool // its span is ended and it is counted; guarded by the stream's mu
 	// clientErr is true when the attempt ended with the client's own error,
 	// not the server's: a SendMsg that gRPC or a later interceptor refused.
@@ -71,7 +68,7 @@ type streamAttempt struct {
 func (s *retryStream) startLocked() (*streamAttempt, error) {
 	back := s.back
 	s.back = false
-	if back && !s.ctl.Pacing() {
+	if back && !paces(s.ctl) {
 		// The overload passed since: the retry waits as the policy says,
 		// never not at all.
 		back = false
@@ -80,19 +77,17 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 			return &streamAttempt{n: s.attempts + 1, notSent: err}, err
 		}
 	}
-	var asked, sent time.Time
-	if s.ctl != nil && s.ctl.Pacing() { // admit's own test, without the clock while calm
-		asked = s.ic.clock.Now()
-		if err := s.ic.admit(s.ctx, s.tracer, s.ctl, s.method, s.attempts+1, back); err != nil {
-			return &streamAttempt{n: s.attempts + 1, notSent: err}, err
-		}
-		sent = s.ic.clock.Now()
+	place := pacing.Fresh
+	if back {
+		place = pacing.Back
 	}
+	a := &streamAttempt{n: s.attempts + 1}
+	if err := s.ic.take(s.ctx, s.tracer, s.ctl, s.method, a.n, place, &a.ticket); err != nil {
+		a.notSent = err
+		return a, err
+	}
+	a.ticket.untimed = true
 	s.attempts++
-	a := &streamAttempt{n: s.attempts, live: s.ctx.Err() == nil, asked: asked, sent: sent}
-	if s.ctl != nil && a.live && sent.IsZero() {
-		s.ctl.Sent() // sent while calm: refusals are judged against it
-	}
 	if s.hedged.timed() { // latency is recorded only for a latency-aware delay
 		a.started = s.ic.clock.Now()
 	}

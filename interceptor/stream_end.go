@@ -3,8 +3,6 @@ package interceptor
 import (
 	"io"
 
-	"github.com/herdguard/herdguard/internal/pacing"
-
 	"github.com/herdguard/herdguard/internal/names"
 
 	"google.golang.org/grpc/codes"
@@ -198,7 +196,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	if s.breakerDone != nil {
 		v := herdguard.Ignored // an idle stream at its deadline says nothing of the server
 		if !s.idleAtDeadlineLocked(err) {
-			v = s.ic.verdict(s.ctx, s.ctl, &callEnd{err: err, clientErr: a.clientErr, outcome: s.outcome, gaveUpBelow: s.gaveUpBelow, idle: s.idleDeadline || !a.live})
+			v = s.ic.verdict(s.ctx, s.ctl, &callEnd{err: err, clientErr: a.clientErr, outcome: s.outcome, gaveUpBelow: s.gaveUpBelow, idle: s.idleDeadline || !a.ticket.live})
 		}
 		s.breakerDone(v)
 		s.breakerDone = nil
@@ -271,37 +269,16 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		return
 	}
 	a.ended = true
-	switch {
-	case !a.live:
-		// Its context was over before it went out: it was never sent,
-		// and says nothing of the server's load.
-	case a == s.a && s.answered && status.Code(err) == codes.DeadlineExceeded:
-		// The server answered this attempt in time, and the caller's
-		// deadline ended the stream it was serving: that says nothing of
-		// its load, and a watch stream lives until its deadline.
-		attemptDone(s.ctl, nil)
-	case s.ctl != nil && err == nil && a.cs != nil && a.over.Load() && heldBelow(a.cs.Trailer()):
-		// Answered after a layer below held it back in its line, saying
-		// so: the wait was that layer's, not a queue at this target.
-		s.ctl.Done(pacing.HeldBelow, 0)
-	case a.judgedBelow:
-		// A layer below gave up and said so: it says nothing of the load.
-		if s.ctl != nil {
-			s.ctl.Done(pacing.Below, 0)
-		}
-	case a == s.a && s.idleAtDeadlineLocked(err):
-		// Nobody asked the server for an answer yet.
-		if s.ctl != nil {
-			s.ctl.Done(pacing.Ignored, 0)
-		}
-	case timedOutIn(s.ctx, s.ctl, err, a.expired(), a.asked, a.sent, s.ic.clock):
-		// Unanswered when the caller's deadline passed: told as the
-		// time it waited in the line against the time it had left.
-	default:
-		attemptDone(s.ctl, err)
+	e := attemptEnd{n: a.n, err: err, timedOut: a.expired(), below: a.judgedBelow, span: a.span}
+	if err == nil && a.cs != nil && a.over.Load() {
+		e.trailer = a.cs.Trailer() // safe to read once a RecvMsg has ended the stream
+	}
+	if a == s.a {
+		e.answered = s.answered
+		e.idle = s.idleAtDeadlineLocked(err)
 	}
 	hedge, won := s.hedged.roleOf(a.n)
-	s.ic.attemptEnded(s.ctx, s.method, a.span, a.n, err, hedge, won)
+	s.ic.finish(s.ctx, s.method, &a.ticket, &e, hedge, won)
 }
 
 func (s *retryStream) endSpan(err error) {

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/herdguard/herdguard/internal/names"
+	"github.com/herdguard/herdguard/internal/pacing"
 	"github.com/herdguard/herdguard/telemetry"
 
 	"go.opentelemetry.io/otel/trace"
@@ -159,10 +160,9 @@ func (s *hedgedStream) onTimer() {
 // it is opening until openHedge makes it live.
 func (s *hedgedStream) readyHedgeLocked() *streamAttempt {
 	s.attempts++
-	a := &streamAttempt{n: s.attempts, live: true}
-	if s.ctl != nil {
-		s.ctl.Sent() // a hedge goes only while the controller is calm
-	}
+	a := &streamAttempt{n: s.attempts}
+	_ = s.ic.take(s.ctx, nil, s.ctl, s.method, a.n, pacing.Aside, &a.ticket) // a hedge goes only while calm: never held
+	a.ticket.untimed = true
 	if s.sched.window != nil {
 		a.started = s.ic.clock.Now()
 	}

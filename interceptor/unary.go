@@ -3,7 +3,6 @@ package interceptor
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/pacing"
@@ -277,10 +276,11 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 // attempt is simply that attempt).
 func (c *unaryCall) call(ctx context.Context, maxAttempts int) error {
 	if c.hedged && maxAttempts > 1 {
-		if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, 1, false); err != nil {
+		var t ticket
+		if err := c.ic.take(ctx, c.tracer, c.ctl, c.method, 1, pacing.Fresh, &t); err != nil {
 			return c.notSent(ctx, 1, nil, err)
 		}
-		return c.hedge(ctx, maxAttempts)
+		return c.hedge(ctx, maxAttempts, &t)
 	}
 	return c.run(ctx, maxAttempts)
 }
@@ -316,7 +316,7 @@ func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, e *c
 	if err == nil {
 		return herdguard.Success
 	}
-	if e.clientErr || e.outcome == OutcomeShed || e.gaveUpBelow || ctl != nil && ctl.Pacing() {
+	if e.clientErr || e.outcome == OutcomeShed || e.gaveUpBelow || paces(ctl) {
 		return herdguard.Ignored
 	}
 	switch ctx.Err() {
@@ -345,10 +345,11 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	var (
 		last error // the last attempt's error
 		end  attemptEnd
+		t    ticket
 		back bool // this attempt waits at the back of the controller's line
 	)
 	for attempt := 1; ; attempt++ {
-		if back && !c.ctl.Pacing() {
+		if back && !paces(c.ctl) {
 			// The overload passed since: the retry waits as the policy
 			// says, never not at all.
 			back = false
@@ -357,39 +358,28 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 				return err
 			}
 		}
-		// While pacing, the controller learns how long answers take, and
-		// how long an attempt that timed out waited in its line.
-		var asked, sent time.Time
-		if c.ctl != nil && c.ctl.Pacing() { // admit's own test, without the call while calm
-			asked = c.ic.clock.Now()
-			if err := c.ic.admit(ctx, c.tracer, c.ctl, c.method, attempt, back); err != nil {
-				return c.notSent(ctx, attempt, last, err)
-			}
-			sent = c.ic.clock.Now()
+		place := pacing.Fresh
+		if back {
+			place = pacing.Back
+		}
+		if err := c.ic.take(ctx, c.tracer, c.ctl, c.method, attempt, place, &t); err != nil {
+			return c.notSent(ctx, attempt, last, err)
 		}
 		c.attempts = attempt
 		actx := ctx
 		if attempt > 1 {
 			actx = numbers.context(ctx, attempt, maxAttempts)
 		}
-		live := ctx.Err() == nil
-		if c.ctl != nil && live && sent.IsZero() {
-			c.ctl.Sent() // sent while calm: refusals are judged against it
-		}
 		c.attempt(actx, attempt, &end)
-		if c.ctl != nil && live {
-			// An attempt whose context was over before it went out was
-			// never sent: it says nothing of the server's load.
-			attemptDoneIn(ctx, c.ctl, &end, c.ic.clock, asked, sent)
+		c.ic.finish(ctx, c.method, &t, &end, false, false)
+		if !t.live {
+			c.idle = true // it never went out
 		}
 		last = end.err
 		if end.err == nil {
 			c.outcome = OutcomeOK
 			bs.succeeded()
 			return nil
-		}
-		if !live {
-			c.idle = true // it never went out
 		}
 		c.clientErr = end.client
 		d := c.ic.decide(ctx, c.p, &bs, maxAttempts, end)
@@ -409,7 +399,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 }
 
 // notSent ends a call whose attempt n the overload controller did not let
-// go (err from admit): shed, or the context ended while it waited.
+// go (err from take): shed, or the context ended while it waited.
 func (c *unaryCall) notSent(ctx context.Context, n int, last, err error) error {
 	if errors.Is(err, pacing.ErrShed) {
 		c.outcome = OutcomeShed
@@ -444,7 +434,7 @@ func (c *unaryCall) attempt(ctx context.Context, n int, end *attemptEnd) {
 	}
 	c.buf.header, c.buf.trailer = nil, nil
 	end.err = c.invoker(ctx, c.method, c.req, c.reply, c.cc, c.buf.opts...)
-	c.ic.attemptEnded(ctx, c.method, span, n, end.err, false, false)
+	end.span = span
 	end.trailer = c.buf.trailer // an answer's too: it may say a layer below held it back
 	if end.err != nil {
 		end.timedOut = end.timedOut && status.Code(end.err) == codes.DeadlineExceeded

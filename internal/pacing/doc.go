@@ -6,11 +6,11 @@
 //
 // # Use
 //
-// Before each attempt, a caller asks [Controller.Acquire] (first attempts
-// and retries alike), or, while [Controller.Pacing] is false, just counts
-// it with [Controller.Sent]; after it, it reports the [Outcome] with
-// [Controller.Done]. While calm this is three atomic operations and no
-// lock.
+// Before each attempt, a caller asks [Controller.Acquire], saying from
+// which [Place] (a fresh attempt, a retry after a refusal for load, or a
+// hedge that goes only while calm); after it, it reports the [Outcome]
+// with [Controller.Done]. While calm this is three atomic operations and
+// no lock.
 //
 // # Rules
 //

@@ -214,33 +214,57 @@ func (c *Controller) HeldBelow() bool {
 // came in, not the quiet before it.
 func (c *Controller) sentCalm() {
 	if c.calmSent.Add(1) == 1 {
+		c.firstSentNow()
+	}
+}
+
+// firstSentNow notes when the first attempt since the last fold was sent.
+func (c *Controller) firstSentNow() { c.firstSent.Store(c.s.Now().UnixNano()) }
+
+// Place is where an attempt asks [Controller.Acquire] for leave to go.
+type Place uint8
+
+const (
+	// Fresh is a call's first attempt, or a retry after a failure that
+	// was not a refusal for load: it waits at the new end of the line.
+	Fresh Place = iota
+	// Back is the retry of an attempt the server refused for load: it
+	// waits instead of its backoff, at the old end of the line, so that
+	// under a lasting overload fresh calls go first.
+	Back
+	// Aside is an attempt that goes only while the controller is calm,
+	// such as a hedge: it never waits, and while pacing it is not counted.
+	Aside
+)
+
+// Acquire asks leave to send one attempt from place, and returns how long
+// the attempt was held back. While the server is calm it returns at once,
+// having counted the attempt: one atomic load and one atomic add, and the
+// refusals that may start the pacing are judged against the attempts
+// sent, not only those that ended. While pacing it waits in the line for
+// a token until ctx ends (its error is returned; context.DeadlineExceeded
+// as soon as its deadline passes on the controller's clock), or the
+// controller sheds the attempt ([ErrShed], [ErrDown]). A wait never
+// outlasts the attempt's deadline, nor MaxWait.
+func (c *Controller) Acquire(ctx context.Context, place Place) (time.Duration, error) {
+	// Inlined while calm: one atomic load and one atomic add.
+	if p := c.pacing.Load(); p || c.calmSent.Add(1) == 1 {
+		return c.acquire(ctx, place, p)
+	}
+	return 0, nil
+}
+
+// acquire is Acquire while pacing (paced), or for the first attempt sent
+// while calm since the last fold, which reads the clock (see sentCalm).
+func (c *Controller) acquire(ctx context.Context, place Place, paced bool) (time.Duration, error) {
+	if !paced {
 		c.firstSent.Store(c.s.Now().UnixNano())
-	}
-}
-
-// Sent reports an attempt sent without asking Acquire because Pacing
-// reported false: one atomic load and one atomic add. The refusals that may
-// start the pacing are judged against the attempts sent, not only those
-// that ended.
-func (c *Controller) Sent() {
-	if !c.pacing.Load() {
-		c.sentCalm()
-	}
-}
-
-// Acquire asks leave to send one attempt, and returns how long the attempt
-// was held back. While the server is calm it returns at once. While pacing
-// it waits in the line for a token until ctx ends (its error is returned;
-// context.DeadlineExceeded as soon as its deadline passes on the
-// controller's clock), or the controller sheds the attempt ([ErrShed],
-// [ErrDown]). retry is true for the retry of an attempt the server refused
-// for load: it waits instead of its backoff, at the old end of the line.
-// A wait never outlasts the attempt's deadline, nor MaxWait.
-func (c *Controller) Acquire(ctx context.Context, retry bool) (time.Duration, error) {
-	if !c.pacing.Load() {
-		c.sentCalm()
 		return 0, nil
 	}
+	if place == Aside {
+		return 0, nil
+	}
+	retry := place == Back
 	deadline, _ := ctx.Deadline()
 	ready := make(chan error, 1)
 	w := &waiter{ready: func(err error) { ready <- err }}
@@ -263,8 +287,7 @@ func (c *Controller) Acquire(ctx context.Context, retry bool) (time.Duration, er
 	}
 }
 
-// Done reports how an attempt that Acquire let through (or that Sent
-// counted) ended, and how long the server took to answer it (0: not known).
+// Done reports how an attempt that Acquire let through ended, and how long the server took to answer it (0: not known).
 func (c *Controller) Done(o Outcome, took time.Duration) {
 	switch o {
 	case Answered, HeldBelow:

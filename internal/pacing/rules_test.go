@@ -31,10 +31,17 @@ func newRig(t *testing.T, set overload.Settings) *rig {
 // advance moves the clock on by d, running the controller's timers.
 func (r *rig) advance(d time.Duration) { r.s.run(r.s.now.Add(d)) }
 
+// sent sends one attempt that goes only while calm, as a hedge does.
+func (r *rig) sent() {
+	if _, err := r.c.Acquire(context.Background(), Aside); err != nil {
+		r.t.Fatalf("Acquire(Aside) = %v; it never waits or sheds", err)
+	}
+}
+
 // calm reports n attempts sent while calm and answered.
 func (r *rig) calm(n int) {
 	for range n {
-		r.c.Sent()
+		r.sent()
 		r.c.Done(Answered, 0)
 	}
 }
@@ -42,7 +49,7 @@ func (r *rig) calm(n int) {
 // outcomes reports n attempts sent while calm that ended with o.
 func (r *rig) outcomes(o Outcome, n int) {
 	for range n {
-		r.c.Sent()
+		r.sent()
 		r.c.Done(o, 0)
 	}
 }
@@ -51,7 +58,7 @@ func (r *rig) outcomes(o Outcome, n int) {
 // 50 answered, and ends it: a server that queues what it cannot serve.
 func (r *rig) behind() {
 	for range 100 {
-		r.c.Sent()
+		r.sent()
 	}
 	for range 50 {
 		r.c.Done(Answered, 0)
@@ -152,7 +159,7 @@ func TestEvidence(t *testing.T) {
 	t.Run("refusals ahead of the answers", func(t *testing.T) {
 		r := calmRig(t, overload.Settings{})
 		for range 100 {
-			r.c.Sent()
+			r.sent()
 		}
 		for range 30 {
 			r.c.Done(Overloaded, 0)
@@ -169,7 +176,7 @@ func TestEvidence(t *testing.T) {
 		r := newRig(t, overload.Settings{})
 		r.advance(15 * overload.DefaultInterval)
 		for range 200 {
-			r.c.Sent()
+			r.sent()
 		}
 		r.advance(overload.DefaultInterval / 2)
 		for i := range 100 {
@@ -258,7 +265,7 @@ func TestOverload(t *testing.T) {
 		r := calmRig(t, overload.Settings{})
 		for range 3 * buckets {
 			for range 100 {
-				r.c.Sent()
+				r.sent()
 			}
 			for range 50 {
 				r.c.Done(HeldBelow, 0)
@@ -274,7 +281,7 @@ func TestOverload(t *testing.T) {
 		if r.c.HeldBelow() {
 			t.Fatal("HeldBelow before any answer held below")
 		}
-		r.c.Sent()
+		r.sent()
 		r.c.Done(HeldBelow, 0)
 		r.advance(buckets*overload.DefaultInterval - time.Nanosecond)
 		if !r.c.HeldBelow() {
@@ -289,7 +296,7 @@ func TestOverload(t *testing.T) {
 		r := calmRig(t, overload.Settings{})
 		for range 3 * buckets { // answered a whole Interval late, every one of them
 			for range 100 {
-				r.c.Sent()
+				r.sent()
 			}
 			r.advance(overload.DefaultInterval)
 			for range 100 {
@@ -659,6 +666,39 @@ func TestCalm(t *testing.T) {
 	}
 	if r.c.Pacing() {
 		t.Error("still pacing after Calm quiet Intervals")
+	}
+}
+
+// Where an attempt asks from: while calm, every place goes at once and is
+// counted as sent; while pacing, a fresh attempt asks the line (here, one
+// whose deadline has passed is refused), and an attempt from Aside (a
+// hedge, sent only while calm) goes at once without a word to the line.
+func TestAcquirePlaces(t *testing.T) {
+	r := calmRig(t, overload.Settings{})
+	sent := r.c.calmSent.Load()
+	for _, p := range []Place{Fresh, Back, Aside} {
+		if held, err := r.c.Acquire(context.Background(), p); held != 0 || err != nil {
+			t.Errorf("calm: Acquire(%v) = %v, %v; want 0, nil", p, held, err)
+		}
+	}
+	if got := r.c.calmSent.Load() - sent; got != 3 {
+		t.Errorf("calm: %d attempts counted as sent, want 3", got)
+	}
+	r.outcomes(Overloaded, overload.DefaultMinFailures)
+	if !r.c.Pacing() {
+		t.Fatal("not pacing")
+	}
+	past, cancel := context.WithDeadline(context.Background(), r.s.now)
+	defer cancel()
+	before := r.c.State()
+	if _, err := r.c.Acquire(past, Fresh); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("pacing: Acquire(Fresh) past its deadline = %v, want %v", err, context.DeadlineExceeded)
+	}
+	if held, err := r.c.Acquire(past, Aside); held != 0 || err != nil {
+		t.Errorf("pacing: Acquire(Aside) = %v, %v; want 0, nil", held, err)
+	}
+	if after := r.c.State(); after != before {
+		t.Errorf("pacing: state %+v after, want %+v", after, before)
 	}
 }
 
