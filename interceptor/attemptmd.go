@@ -26,8 +26,8 @@ func attemptValue(n int) []string {
 }
 
 // attemptNumbers holds, for the first retries, a context whose only content
-// is the outgoing metadata "herdguard-attempt: n". They are made once and
-// never changed.
+// is the outgoing metadata "herdguard-attempt: n" and
+// "grpc-previous-rpc-attempts: n-1". They are made once and never changed.
 var attemptNumbers = func() (c [11]context.Context) {
 	for n := 2; n < len(c); n++ {
 		c[n] = attemptNumberContext(n)
@@ -36,7 +36,7 @@ var attemptNumbers = func() (c [11]context.Context) {
 }()
 
 func attemptNumberContext(n int) context.Context {
-	return metadata.NewOutgoingContext(context.Background(), metadata.MD{wire.AttemptKey: attemptValue(n)})
+	return metadata.NewOutgoingContext(context.Background(), metadata.MD{wire.AttemptKey: attemptValue(n), wire.PreviousAttemptsKey: attemptValue(n - 1)})
 }
 
 // attemptContext is a caller's context that carries no outgoing metadata,
@@ -76,7 +76,7 @@ func (r *retryNumbers) context(ctx context.Context, n, maxAttempts int) context.
 		r.checked = true
 	}
 	if r.callerMD {
-		return metadata.AppendToOutgoingContext(ctx, wire.AttemptKey, attemptValue(n)[0])
+		return metadata.AppendToOutgoingContext(ctx, wire.AttemptKey, attemptValue(n)[0], wire.PreviousAttemptsKey, attemptValue(n - 1)[0])
 	}
 	var number context.Context
 	if n < len(attemptNumbers) {

@@ -82,6 +82,13 @@ func TestRetriesKeepTheCallersContext(t *testing.T) {
 				if got := md.Get(wire.AttemptKey); !slices.Equal(got, want) {
 					t.Errorf("attempt %d: %s %q, want %q", i+1, wire.AttemptKey, got, want)
 				}
+				want = nil
+				if i > 0 {
+					want = []string{strconv.Itoa(i)}
+				}
+				if got := md.Get(wire.PreviousAttemptsKey); !slices.Equal(got, want) {
+					t.Errorf("attempt %d: %s %q, want %q", i+1, wire.PreviousAttemptsKey, got, want)
+				}
 				for k, v := range callerMD {
 					if got := md.Get(k); !slices.Equal(got, v) {
 						t.Errorf("attempt %d: %s %q, want the caller's %q", i+1, k, got, v)
@@ -139,4 +146,82 @@ func TestRetriedCallAllocatesOnce(t *testing.T) {
 	if a := testing.AllocsPerRun(200, call); a > 1 {
 		t.Errorf("%v allocations per 3-attempt call, want at most 1", a)
 	}
+}
+
+// Hedges are numbered as retries are: hedge n carries herdguard-attempt n
+// and gRPC's grpc-previous-rpc-attempts n-1, on unary calls and streams.
+func TestHedgesCarryPreviousAttempts(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		seen    = map[string][]string{} // per attempt number, what previous attempts it said
+		arrived = sync.NewCond(&mu)
+	)
+	// Every attempt but the last waits for the call to end: the hedges
+	// all go, each after the hedging delay, which the fake clock passes at
+	// once. The last answers once the server has seen all three.
+	serve := func(ctx context.Context) error {
+		md, _ := metadata.FromIncomingContext(ctx)
+		n := "1"
+		if v := md.Get(wire.AttemptKey); len(v) == 1 {
+			n = v[0]
+		}
+		stop := context.AfterFunc(ctx, func() { mu.Lock(); arrived.Broadcast(); mu.Unlock() })
+		defer stop()
+		mu.Lock()
+		seen[n] = md.Get(wire.PreviousAttemptsKey)
+		arrived.Broadcast()
+		for n == "3" && len(seen) < 3 && ctx.Err() == nil {
+			arrived.Wait()
+		}
+		mu.Unlock()
+		if n != "3" {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}
+	srv := testserver.Start(t, &testserver.Server{
+		Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+			if err := serve(ctx); err != nil {
+				return nil, err
+			}
+			return &testgrpc.SimpleResponse{}, nil
+		},
+		ServerStream: func(_ *testgrpc.StreamingOutputCallRequest, ss testgrpc.TestService_StreamingOutputCallServer) error {
+			if err := serve(ss.Context()); err != nil {
+				return err
+			}
+			return ss.Send(&testgrpc.StreamingOutputCallResponse{})
+		},
+	})
+	ic, err := New(withClock(newFakeClock()), WithoutBreaker(), WithPolicy(hedging(3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	want := map[string][]string{"1": nil, "2": {"1"}, "3": {"2"}}
+	check := func(kind string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for n, w := range want {
+			if got, ok := seen[n]; !ok || !slices.Equal(got, w) {
+				t.Errorf("%s: attempt %s: %s %q (seen %v), want %q", kind, n, wire.PreviousAttemptsKey, got, ok, w)
+			}
+		}
+		clear(seen)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	if _, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
+		t.Fatalf("unary: %v", err)
+	}
+	check("unary")
+	stream, err := c.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatalf("stream: Recv: %v", err)
+	}
+	check("server stream")
 }

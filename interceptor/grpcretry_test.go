@@ -57,8 +57,8 @@ const (
 	// exact.
 	waitSlack = time.Second
 	// previousAttemptsKey is the metadata by which gRPC's own retry numbers
-	// attempts: attempt n (n >= 2) carries n-1.
-	previousAttemptsKey = "grpc-previous-rpc-attempts"
+	// attempts: attempt n (n >= 2) carries n-1. herdguard sends it too.
+	previousAttemptsKey = wire.PreviousAttemptsKey
 )
 
 // retryMode says which retry drives a scenario.
@@ -105,15 +105,18 @@ func withThrottling(sc string) string {
 }
 
 // checkAttempt says whether incoming metadata md marks attempt n (n >= 2)
-// as mode m numbers attempts: gRPC sends grpc-previous-rpc-attempts n-1,
-// herdguard sends herdguard-attempt n.
+// as mode m numbers attempts: both send grpc-previous-rpc-attempts n-1,
+// and herdguard sends herdguard-attempt n beside it.
 func checkAttempt(m retryMode, md metadata.MD, n int) error {
-	key, want := wire.AttemptKey, strconv.Itoa(n)
+	want := map[string]string{previousAttemptsKey: strconv.Itoa(n - 1), wire.AttemptKey: strconv.Itoa(n)}
 	if m == viaGRPC {
-		key, want = previousAttemptsKey, strconv.Itoa(n-1)
+		delete(want, wire.AttemptKey)
 	}
-	if got := md.Get(key); len(got) != 1 || got[0] != want {
-		return status.Errorf(codes.Internal, "server: metadata %s = %q; want [%q]", key, got, want)
+	for _, key := range []string{previousAttemptsKey, wire.AttemptKey} {
+		w, ok := want[key]
+		if got := md.Get(key); ok && !slices.Equal(got, []string{w}) || !ok && len(got) > 0 {
+			return status.Errorf(codes.Internal, "server: metadata %s = %q; want %q", key, got, w)
+		}
 	}
 	return nil
 }
@@ -1024,12 +1027,19 @@ func TestGRPCNoRetry(t *testing.T) {
 func TestGRPCRetryOffBeneathHerdguard(t *testing.T) {
 	sc := retryConfig(4, ".01s", "UNAVAILABLE")
 	var mu sync.Mutex
-	var grpcNumbered []string // grpc-previous-rpc-attempts of every request that had one
+	// grpc-previous-rpc-attempts of every request where it was not
+	// herdguard's alone: none on a first attempt, n-1 on herdguard's n-th.
+	var grpcNumbered []string
 	record := func(ctx context.Context) {
 		md, _ := metadata.FromIncomingContext(ctx)
-		if v := md.Get(previousAttemptsKey); len(v) > 0 {
+		var want []string
+		if n := md.Get(wire.AttemptKey); len(n) == 1 {
+			i, _ := strconv.Atoi(n[0])
+			want = []string{strconv.Itoa(i - 1)}
+		}
+		if v := md.Get(previousAttemptsKey); !slices.Equal(v, want) {
 			mu.Lock()
-			grpcNumbered = append(grpcNumbered, v...)
+			grpcNumbered = append(grpcNumbered, strings.Join(v, ","))
 			mu.Unlock()
 		}
 	}

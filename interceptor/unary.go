@@ -38,7 +38,8 @@ import (
 // anything else stops the retries. A wait that would end after the
 // caller's deadline is not started: the call ends at once with the last
 // attempt's status. Every retry carries the metadata herdguard-attempt: N
-// (N = 2, 3, ...), so servers can count retries apart.
+// (N = 2, 3, ...) and, as gRPC's own retry sends it,
+// grpc-previous-rpc-attempts: N-1, so servers can count retries apart.
 //
 // A call that fails with a code the policy does not retry, that may make a
 // single attempt only, that failed after the server sent headers, or that

@@ -8,6 +8,12 @@ const (
 	// from first sends.
 	AttemptKey = "herdguard-attempt"
 
+	// PreviousAttemptsKey carries, on every retry and hedge, how many
+	// attempts of the call went before it ("1", "2", ...), as gRPC's own
+	// retry sends it (gRFC A6): servers, stats handlers and proxies that
+	// know gRPC read it.
+	PreviousAttemptsKey = "grpc-previous-rpc-attempts"
+
 	// PushbackKey is the trailer by which a server tells the client how
 	// many milliseconds to wait before retrying (gRFC A6). A negative or
 	// malformed value means: do not retry.
