@@ -168,10 +168,17 @@ func newBreaker(scope string, s Settings) *Breaker {
 func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.Settings {
 	consecutive, ratio, minRequests, downAfter := s.ConsecutiveFailures, s.FailureRatio, s.MinRequests, s.DownAfter
 	onChange := s.OnStateChange
-	// runStart is when the current run of consecutive failures began.
-	// gobreaker calls ReadyToTrip under its lock, at every failure of a
-	// closed breaker (never on the healthy path), so it guards it.
-	var runStart time.Time
+	// run is the current run of consecutive failed calls, and runStart
+	// when it began. gobreaker calls IsSuccessful for every call it counts,
+	// ReadyToTrip at every failure of a closed breaker and OnStateChange at
+	// every transition, each under its lock, which guards them. The run is
+	// kept here, not read from gobreaker's Counts: its rolling window takes
+	// a run's oldest failures back out as their buckets age, and a run of
+	// failures a few seconds apart would then never reach its count.
+	var (
+		run      uint32
+		runStart time.Time
+	)
 	return gobreaker.Settings{
 		Name:         scope,
 		MaxRequests:  s.HalfOpenMaxRequests,
@@ -181,13 +188,13 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 		ReadyToTrip: func(c gobreaker.Counts) bool {
 			if downAfter > 0 {
 				now := time.Now()
-				if c.ConsecutiveFailures <= 1 {
+				if run <= 1 {
 					runStart = now
 				}
-				if c.ConsecutiveFailures >= consecutive && now.Sub(runStart) >= downAfter {
+				if run >= consecutive && now.Sub(runStart) >= downAfter {
 					return true
 				}
-			} else if c.ConsecutiveFailures >= consecutive {
+			} else if run >= consecutive {
 				return true
 			}
 			finished := c.TotalSuccesses + c.TotalFailures
@@ -195,13 +202,21 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 				float64(c.TotalFailures) >= ratio*float64(finished)
 		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {
+			run = 0 // gobreaker starts its counts afresh
 			mirror(fromGobreaker(to))
 			if onChange != nil {
 				onChange(scope, fromGobreaker(from), fromGobreaker(to))
 			}
 		},
-		IsSuccessful: func(err error) bool { return err == nil },
-		IsExcluded:   func(err error) bool { return err == errExcluded },
+		IsSuccessful: func(err error) bool {
+			if err != nil {
+				run++
+				return false
+			}
+			run = 0
+			return true
+		},
+		IsExcluded: func(err error) bool { return err == errExcluded },
 	}
 }
 

@@ -612,3 +612,39 @@ func TestCalm(t *testing.T) {
 		}
 	}
 }
+
+// A run of failed calls trips the breaker at its count however slowly the
+// failures come, its first ones older than the Window included: the
+// Window forgets old calls for FailureRatio, never a run that no success
+// has broken. Each case spreads 5 failures over 12 s, past the 10 s
+// Window.
+func TestSlowRunTripsAtItsCount(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		s    breaker.Settings
+	}{
+		{"the default rule", breaker.Settings{}},
+		{"ConsecutiveFailures 5", breaker.Settings{ConsecutiveFailures: 5}},
+		{"ConsecutiveFailures 5 with a ratio", breaker.Settings{ConsecutiveFailures: 5, FailureRatio: 0.9, MinRequests: 100}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				if w := tc.s.WithDefaults().Window; w != 10*time.Second {
+					t.Fatalf("Window %v, want the default 10s", w)
+				}
+				b := newBreaker(t, tc.s)
+				for i := range 4 {
+					run(t, b, herdguard.Failure)
+					if got := b.State(); got != breaker.Closed {
+						t.Fatalf("after %d failures: %v, want closed", i+1, got)
+					}
+					time.Sleep(3 * time.Second)
+				}
+				run(t, b, herdguard.Failure)
+				if got := b.State(); got != breaker.Open {
+					t.Fatalf("5 failures in a row over 12s: %v, want open", got)
+				}
+			})
+		})
+	}
+}

@@ -62,7 +62,8 @@ func ParseScope(s string) (Scope, error) {
 // default, as each field says.
 type Settings struct {
 	// ConsecutiveFailures trips the breaker after this many failed calls in
-	// a row, however quickly they came. 0 means the default rule: a run of
+	// a row, however quickly or slowly they came (Window does not shorten
+	// a run). 0 means the default rule: a run of
 	// DefaultConsecutiveFailures (5) failed calls trips it once it has
 	// lasted DownAfter (1 s) without a success, so that a server that fails
 	// some calls on its own, however many, never trips it: only one from
@@ -84,8 +85,9 @@ type Settings struct {
 	// MinRequests is how many finished calls the ratio needs before it can
 	// trip. 0 means DefaultMinRequests (10).
 	MinRequests uint32
-	// Window is the rolling period the counts cover (gobreaker's Interval,
-	// split into 10 buckets of BucketPeriod). 0 means DefaultWindow (10s).
+	// Window is the rolling period the counts for FailureRatio cover
+	// (gobreaker's Interval, split into 10 buckets of BucketPeriod). 0 means
+	// DefaultWindow (10s).
 	Window time.Duration
 	// OpenTimeout is how long the breaker stays open, the first time, before
 	// letting probes through. Each failed probe doubles the next open
