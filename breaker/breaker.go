@@ -63,18 +63,36 @@ type OpenError struct {
 	// Shared is true when the fleet's shared breaker refused the call (see
 	// [Fleet]), false when this replica's own breaker did.
 	Shared bool
+	// RetryAfter is how long the breaker stays open from the refusal: after
+	// it, the next call may go as a probe. 0 when the breaker is half-open
+	// (its probes decide when it closes) or its open period is just over.
+	RetryAfter time.Duration
 }
 
-// Error names the scope, the state, and whether the breaker is the fleet's.
+// Error names the scope, the state, how long an open breaker stays open,
+// and whether the breaker is the fleet's.
 func (e *OpenError) Error() string {
 	whose := ""
 	if e.Shared {
 		whose = "the fleet's "
 	}
-	if e.State == HalfOpen {
+	switch {
+	case e.State == HalfOpen:
 		return fmt.Sprintf("herdguard: %scircuit breaker for %s is half-open and its probes are in flight; call not sent", whose, e.Scope)
+	case e.RetryAfter > 0:
+		return fmt.Sprintf("herdguard: %scircuit breaker for %s is open for %v more; call not sent", whose, e.Scope, e.RetryAfter.Round(time.Millisecond))
 	}
 	return fmt.Sprintf("herdguard: %scircuit breaker for %s is open; call not sent", whose, e.Scope)
+}
+
+// openRefusal returns the refusal of an open breaker whose open period ends at
+// until (Unix nanoseconds; 0: not known).
+func openRefusal(scope string, until int64, shared bool) *OpenError {
+	e := &OpenError{Scope: scope, State: Open, Shared: shared}
+	if until != 0 {
+		e.RetryAfter = max(time.Duration(until-time.Now().UnixNano()), 0)
+	}
+	return e
 }
 
 // Unwrap returns [ErrOpen].
@@ -122,9 +140,11 @@ type Breaker struct {
 	// openFor is the current open period in nanoseconds, from OpenTimeout,
 	// doubled by each failed probe up to maxOpen; openUntil is when the
 	// current open period ends (Unix nanoseconds) when it is longer than
-	// gobreaker's fixed OpenTimeout, else 0.
-	openFor, openUntil atomic.Int64
-	baseOpen, maxOpen  time.Duration
+	// gobreaker's fixed OpenTimeout, else 0. reopens is when the last open
+	// period ends, whatever its length (Unix nanoseconds), for refusals to
+	// say.
+	openFor, openUntil, reopens atomic.Int64
+	baseOpen, maxOpen           time.Duration
 
 	// view and member link the breaker to its fleet's shared breaker, when
 	// Settings.Fleet is set (see [Fleet]); nil otherwise.
@@ -235,6 +255,9 @@ func (b *Breaker) grow(from, to State) {
 	case to == Open:
 		b.openUntil.Store(0)
 	}
+	if to == Open { // when probes may go, as the refusals say
+		b.reopens.Store(time.Now().Add(time.Duration(b.openFor.Load())).UnixNano())
+	}
 }
 
 // heldOpen reports whether a grown open period still runs past gobreaker's.
@@ -317,12 +340,12 @@ func (b *Breaker) quiet() bool {
 // and whether the call is a probe, or the refusal as an [*OpenError].
 func (b *Breaker) admit() (done func(error), probe bool, err error) {
 	if State(b.state.Load()) == Open && b.heldOpen() {
-		return nil, false, &OpenError{Scope: b.scope, State: Open}
+		return nil, false, openRefusal(b.scope, b.reopens.Load(), false)
 	}
 	done, err = b.cb.Allow()
 	switch {
 	case errors.Is(err, gobreaker.ErrOpenState):
-		return nil, false, &OpenError{Scope: b.scope, State: Open}
+		return nil, false, openRefusal(b.scope, b.reopens.Load(), false)
 	case errors.Is(err, gobreaker.ErrTooManyRequests):
 		return nil, false, &OpenError{Scope: b.scope, State: HalfOpen}
 	case err != nil:

@@ -648,3 +648,38 @@ func TestSlowRunTripsAtItsCount(t *testing.T) {
 		})
 	}
 }
+
+// A refusal says how long the breaker stays open: its OpenError's
+// RetryAfter, and its message. After a failed probe the period doubles,
+// and so does what the refusal says.
+func TestOpenErrorSaysHowLong(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Second, MaxOpenTimeout: 10 * time.Second})
+		refusal := func() *breaker.OpenError {
+			t.Helper()
+			ran, _, err := run(t, b, herdguard.Success)
+			var oe *breaker.OpenError
+			if ran || !errors.As(err, &oe) {
+				t.Fatalf("ran %v, err %v; want a refusal", ran, err)
+			}
+			return oe
+		}
+		run(t, b, herdguard.Failure)
+		time.Sleep(300 * time.Millisecond)
+		oe := refusal()
+		if oe.State != breaker.Open || oe.RetryAfter != 700*time.Millisecond {
+			t.Errorf("refusal %+v, want open with RetryAfter 700ms", oe)
+		}
+		if want := "is open for 700ms more"; !strings.Contains(oe.Error(), want) {
+			t.Errorf("message %q, want it to say %q", oe.Error(), want)
+		}
+		time.Sleep(701 * time.Millisecond) // past the open period
+		if _, probe, _ := run(t, b, herdguard.Failure); !probe { // the probe fails: 2 s open
+			t.Fatal("no probe after the open period")
+		}
+		time.Sleep(500 * time.Millisecond)
+		if oe := refusal(); oe.RetryAfter != 1500*time.Millisecond {
+			t.Errorf("after a failed probe: RetryAfter %v, want 1.5s of the doubled 2s", oe.RetryAfter)
+		}
+	})
+}

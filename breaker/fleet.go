@@ -230,7 +230,7 @@ func (b *Breaker) fleetRefusal() *OpenError {
 	now := time.Now().UnixNano()
 	switch {
 	case now < b.view.openUntil.Load():
-		return &OpenError{Scope: b.scope, State: Open, Shared: true}
+		return openRefusal(b.scope, b.view.openUntil.Load(), true)
 	case now < b.view.takenUntil.Load():
 		return &OpenError{Scope: b.scope, State: HalfOpen, Shared: true}
 	}

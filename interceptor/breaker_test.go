@@ -72,6 +72,11 @@ func TestBreakerOpensAfterExhaustedCallsAndFailsFast(t *testing.T) {
 	if !strings.Contains(err.Error(), testserver.Target) {
 		t.Errorf("err = %q, want it to name the scope %q", err, testserver.Target)
 	}
+	// It says how long the breaker stays open: at most OpenTimeout.
+	var oe *breaker.OpenError
+	if !errors.As(err, &oe) || oe.RetryAfter <= 0 || oe.RetryAfter > breaker.DefaultOpenTimeout || !strings.Contains(err.Error(), "open for ") {
+		t.Errorf("err = %q (%+v), want an OpenError that says how long it stays open, within %v", err, oe, breaker.DefaultOpenTimeout)
+	}
 	if srv.Requests() != sent || len(clk.Delays()) != waits {
 		t.Errorf("an open breaker sent %d attempts and waited %d times; want none", srv.Requests()-sent, len(clk.Delays())-waits)
 	}
