@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,5 +112,34 @@ func TestWithServiceConfigErrors(t *testing.T) {
 	}
 	if _, err := New(WithServiceConfig(`{`)); err == nil {
 		t.Error("New accepted malformed JSON")
+	}
+}
+
+// A retryPolicy's perAttemptRecvTimeout bounds each attempt: one that the
+// server does not answer in time ends with DeadlineExceeded and is retried,
+// though DEADLINE_EXCEEDED is not among the retryable codes.
+func TestServiceConfigPerAttemptRecvTimeout(t *testing.T) {
+	const sc = `{"methodConfig": [{"name": [{"service": "grpc.testing.TestService"}],
+	   "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+	     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"], "perAttemptRecvTimeout": "0.05s"}}]}`
+	var attempts atomic.Int32
+	srv := testserver.Start(t, &testserver.Server{Empty: func(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
+		if attempts.Add(1) == 1 {
+			<-ctx.Done() // the first attempt hangs until its own deadline
+			return nil, ctx.Err()
+		}
+		return &testgrpc.Empty{}, nil
+	}})
+	ic, err := New(withClock(newFakeClock()), WithoutBreaker(), WithServiceConfig(sc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	if _, err := srv.Client(t, ic.DialOptions()...).EmptyCall(ctx, &testgrpc.Empty{}); err != nil {
+		t.Fatalf("EmptyCall: %v; want the second attempt's answer", err)
+	}
+	if n := attempts.Load(); n != 2 {
+		t.Errorf("server saw %d attempts, want 2", n)
 	}
 }

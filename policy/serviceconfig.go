@@ -70,11 +70,12 @@ type methodConfigJSON struct {
 	} `json:"name"`
 	Timeout     *json.RawMessage `json:"timeout"`
 	RetryPolicy *struct {
-		MaxAttempts          *float64          `json:"maxAttempts"`
-		InitialBackoff       *json.RawMessage  `json:"initialBackoff"`
-		MaxBackoff           *json.RawMessage  `json:"maxBackoff"`
-		BackoffMultiplier    *float64          `json:"backoffMultiplier"`
-		RetryableStatusCodes []json.RawMessage `json:"retryableStatusCodes"`
+		MaxAttempts           *float64          `json:"maxAttempts"`
+		InitialBackoff        *json.RawMessage  `json:"initialBackoff"`
+		MaxBackoff            *json.RawMessage  `json:"maxBackoff"`
+		BackoffMultiplier     *float64          `json:"backoffMultiplier"`
+		RetryableStatusCodes  []json.RawMessage `json:"retryableStatusCodes"`
+		PerAttemptRecvTimeout *json.RawMessage  `json:"perAttemptRecvTimeout"`
 	} `json:"retryPolicy"`
 	HedgingPolicy *struct {
 		MaxAttempts         *float64          `json:"maxAttempts"`
@@ -84,7 +85,12 @@ type methodConfigJSON struct {
 }
 
 // ParseServiceConfig reads gRPC's service config JSON: methodConfig with
-// names, retryPolicy or hedgingPolicy and timeout, and retryThrottling. Unknown fields are
+// names, retryPolicy or hedgingPolicy and timeout, and retryThrottling. A
+// retryPolicy's perAttemptRecvTimeout, which gRPC's C core honours and
+// grpc-go ignores, becomes the policy's PerAttemptTimeout: an attempt
+// that waits longer for its answer (for a stream, its response headers)
+// fails with DeadlineExceeded and is retried, whatever the retryable
+// codes. Unknown fields are
 // ignored and field names match in any case, as in gRPC; an invalid value is
 // an error that names its JSON path and the value.
 //
@@ -230,6 +236,14 @@ func (mc methodConfigJSON) policy(at string) (Policy, error) {
 			return p, badErr(fmt.Sprintf("retryableStatusCodes[%d]", i), string(rc), err)
 		}
 		p.RetryableCodes = append(p.RetryableCodes, c)
+	}
+	if rp.PerAttemptRecvTimeout != nil {
+		if p.PerAttemptTimeout, err = parseDuration(*rp.PerAttemptRecvTimeout); err != nil {
+			return p, badErr("perAttemptRecvTimeout", string(*rp.PerAttemptRecvTimeout), err)
+		}
+		if p.PerAttemptTimeout == 0 {
+			return p, bad("perAttemptRecvTimeout", string(*rp.PerAttemptRecvTimeout), "must be positive, such as \"0.5s\"")
+		}
 	}
 	p.Jitter = FullJitter
 	if err := p.Validate(); err != nil {

@@ -25,7 +25,7 @@ const fullConfig = `{
     {"name": [{"service": "shop.v1.Catalog"}],
      "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.05s", "maxBackoff": "2s",
        "backoffMultiplier": 1.5, "retryableStatusCodes": ["UNAVAILABLE", 8, "DEADLINE_EXCEEDED"],
-       "unknownField": true}},
+       "perAttemptRecvTimeout": "0.25s", "unknownField": true}},
     {"name": [{"service": "shop.v1.Payments", "method": "Charge"}, {"service": "shop.v1.Payments", "method": "Refund"}],
      "timeout": "2.5s", "waitForReady": true}
   ],
@@ -44,7 +44,8 @@ func TestParseServiceConfig(t *testing.T) {
 		{"/other.Svc/Get", policy.Policy{MaxAttempts: 3, InitialBackoff: 100 * ms, MaxBackoff: time.Second, Multiplier: 2,
 			Jitter: policy.FullJitter, RetryableCodes: []codes.Code{codes.Unavailable}, Timeout: 30 * time.Second}},
 		{"/shop.v1.Catalog/List", policy.Policy{MaxAttempts: 5, InitialBackoff: 50 * ms, MaxBackoff: 2 * time.Second, Multiplier: 1.5,
-			Jitter: policy.FullJitter, RetryableCodes: []codes.Code{codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded}}},
+			Jitter: policy.FullJitter, RetryableCodes: []codes.Code{codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded},
+			PerAttemptTimeout: 250 * ms}},
 		{"shop.v1.Payments/Charge", policy.Policy{MaxAttempts: 1, Timeout: 2500 * ms}},
 		{"/shop.v1.Payments/Refund", policy.Policy{MaxAttempts: 1, Timeout: 2500 * ms}},
 		// a method of Payments without its own config falls to the default
@@ -108,6 +109,9 @@ func TestParseServiceConfigErrors(t *testing.T) {
 		{with("retryableStatusCodes", `["UNAVAILABLE", "SOMETIMES"]`), []string{"retryableStatusCodes[1]", "SOMETIMES"}},
 		{with("retryableStatusCodes", `["OK"]`), []string{"retryableStatusCodes[0]", "OK"}},
 		{with("retryableStatusCodes", `[99]`), []string{"retryableStatusCodes[0]", "99"}},
+		{with("perAttemptRecvTimeout", `"0s"`), []string{"methodConfig[0].retryPolicy.perAttemptRecvTimeout", `"0s"`, "positive"}},
+		{with("perAttemptRecvTimeout", `"-1s"`), []string{"methodConfig[0].retryPolicy.perAttemptRecvTimeout", `"-1s"`}},
+		{with("perAttemptRecvTimeout", `"250ms"`), []string{"methodConfig[0].retryPolicy.perAttemptRecvTimeout", `"250ms"`}},
 		{`{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": "soon"}]}`, []string{"methodConfig[0].timeout", `"soon"`}},
 		{`{"methodConfig": [{"name": [{"method": "M"}]}]}`, []string{"methodConfig[0].name[0].method", `"M"`}},
 		{`{"methodConfig": [{"name": [{"service": "s.S"}]}, {"name": [{"service": "s.S"}]}]}`, []string{"methodConfig[1].name[0]", "methodConfig[0].name[0]"}},
