@@ -435,3 +435,59 @@ func TestHedgedThrottlingAfterHeaders(t *testing.T) {
 		})
 	}
 }
+
+// Two backends behind one interceptor are told apart on a dashboard: every
+// call and attempt metric carries the target (herdguard.target, the
+// ClientConn's Target()), and no unit translates to a Prometheus suffix
+// nobody asked for ("1" becomes "_ratio"; a unit in braces adds none).
+func TestMetricsCarryTheTarget(t *testing.T) {
+	rec, mp := newMetrics()
+	ok := testserver.Start(t, &testserver.Server{Empty: func(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) { return &testgrpc.Empty{}, nil }})
+	missing := testserver.Start(t, &testserver.Server{Unary: fail(codes.NotFound).unary})
+	ic, err := New(withClock(newFakeClock()), WithMeterProvider(mp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const a, b = "passthrough:///backend-a", "passthrough:///backend-b"
+	ca := testgrpc.NewTestServiceClient(ok.DialTarget(t, a, ic.DialOptions()...))
+	cb := testgrpc.NewTestServiceClient(missing.DialTarget(t, b, ic.DialOptions()...))
+	for range 2 {
+		if _, err := ca.EmptyCall(context.Background(), &testgrpc.Empty{}); err != nil {
+			t.Fatalf("backend a: %v", err)
+		}
+	}
+	if err := call(t, cb); status.Code(err) != codes.NotFound {
+		t.Fatalf("backend b: %v, want NotFound", err)
+	}
+	for _, tt := range []struct {
+		metric string
+		attrs  []attribute.KeyValue
+		want   int64
+	}{
+		{telemetry.MetricCalls, []attribute.KeyValue{telemetry.AttrTarget.String(a), telemetry.AttrOutcome.String(string(OutcomeOK))}, 2},
+		{telemetry.MetricCalls, []attribute.KeyValue{telemetry.AttrTarget.String(b), telemetry.AttrOutcome.String(string(OutcomeNotRetryable))}, 1},
+		{telemetry.MetricCalls, []attribute.KeyValue{telemetry.AttrTarget.String(b), telemetry.AttrOutcome.String(string(OutcomeOK))}, 0},
+		{telemetry.MetricAttempts, []attribute.KeyValue{telemetry.AttrTarget.String(a)}, 2},
+		{telemetry.MetricAttempts, []attribute.KeyValue{telemetry.AttrTarget.String(b), attribute.String("rpc.response.status_code", "NOT_FOUND")}, 1},
+	} {
+		if got := sumInt(t, rec, tt.metric, tt.attrs); got != tt.want {
+			t.Errorf("%s with %v = %d, want %d", tt.metric, tt.attrs, got, tt.want)
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := rec.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	units := 0
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			units++
+			if m.Unit == "1" || m.Unit == "" {
+				t.Errorf("%s has unit %q: Prometheus names it with a suffix (or none says what it counts); want a unit in braces or a UCUM unit", m.Name, m.Unit)
+			}
+		}
+	}
+	if _, ok := collect(t, rec, telemetry.MetricBreakerState).(metricdata.Gauge[int64]); !ok || units == 0 {
+		t.Errorf("%d metrics collected, none the breaker state: the units went unchecked", units)
+	}
+}

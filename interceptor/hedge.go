@@ -102,7 +102,7 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int, t *ticket) error
 	h := c.ic.hedgeCalls.Get().(*hedgeCall)
 	defer h.release(c.ic)
 	h.c, h.ctx = *c, ctx
-	h.sched.startLocked(c.ic, c.p, c.method, c.ic.hedgeRulesFor(c.p, c.method, targetOf(c.cc), c.lim, c.breaker, maxAttempts))
+	h.sched.startLocked(c.ic, c.p, c.method, c.target, c.ic.hedgeRulesFor(c.p, c.method, c.target, c.lim, c.breaker, maxAttempts))
 	h.attempts = h.inline[:0]
 	n := len(c.buf.opts) - catchers
 	h.opts, h.want = splitCatchers(c.buf.opts[:n:n]) // capped: appends must not write over the catchers
@@ -207,7 +207,7 @@ func (h *hedgeCall) run(a *hedgeAttempt) error {
 		}
 	}
 	if a.n > 1 {
-		_ = c.ic.take(ctx, nil, c.ctl, c.method, a.n, pacing.Aside, &a.ticket) // a hedge goes only while calm: never held
+		_ = c.ic.take(ctx, nil, c.ctl, c.method, c.target, a.n, pacing.Aside, &a.ticket) // a hedge goes only while calm: never held
 	}
 	if h.sched.window != nil {
 		a.start = c.ic.clock.Now()
@@ -234,7 +234,7 @@ func (h *hedgeCall) report(a *hedgeAttempt, err error) {
 	if err == nil && h.sched.window != nil {
 		h.sched.window.Record(elapsed) // an attempt cancelled as a loser ends with an error
 	}
-	c.ic.finish(h.ctx, c.method, &a.ticket, &attemptEnd{n: a.n, err: err, trailer: *a.trailer, span: a.span}, a.n > 1, won)
+	c.ic.finish(h.ctx, c.method, c.target, &a.ticket, &attemptEnd{n: a.n, err: err, trailer: *a.trailer, span: a.span}, a.n > 1, won)
 }
 
 // judgeLocked decides the call on attempt a's end, or goes on hedging.

@@ -38,23 +38,28 @@ type metering struct {
 	// measurement options per attribute combination, made once each
 	attemptOpts cow.Map[attemptKey, metric.MeasurementOption]
 	callOpts    cow.Map[callKey, metric.MeasurementOption]
-	delayOpts   cow.Map[string, metric.MeasurementOption]
+	delayOpts   cow.Map[methodTarget, metric.MeasurementOption]
 	hedgeOpts   cow.Map[hedgeKey, metric.MeasurementOption]
 }
 
+// methodTarget is the method and the target (a ClientConn's Target()) of
+// a call: every call and attempt metric carries both, so that two backends
+// behind one client can be told apart.
+type methodTarget struct{ method, target string }
+
 type attemptKey struct {
-	method       string
+	methodTarget
 	code         codes.Code
 	retry, hedge bool
 }
 
 type hedgeKey struct {
-	method string
-	won    bool
+	methodTarget
+	won bool
 }
 
 type callKey struct {
-	method  string
+	methodTarget
 	outcome Outcome
 }
 
@@ -93,7 +98,7 @@ func (m *metering) init(mp metric.MeterProvider, breakers *breaker.Group, contro
 	m.hedges, e = meter.Int64Counter(telemetry.MetricHedges, metric.WithUnit("{hedge}"),
 		metric.WithDescription("Hedges sent (attempts after a hedged call's first), by method and whether the hedge won."))
 	report(e)
-	gauge, e := meter.Int64ObservableGauge(telemetry.MetricBreakerState, metric.WithUnit("1"),
+	gauge, e := meter.Int64ObservableGauge(telemetry.MetricBreakerState, metric.WithUnit("{state}"),
 		metric.WithDescription("Circuit breaker state per scope: 0 closed, 1 half-open, 2 open; herdguard.breaker.shared tells the replica's own breaker from the fleet's."))
 	report(e)
 	if e == nil && breakers != nil {
@@ -157,16 +162,16 @@ func (m *metering) initOverload(meter metric.Meter, controllers func(func(string
 }
 
 // held records the time an attempt was held back, and whether it was shed.
-func (m *metering) held(ctx context.Context, method string, seconds float64, shed bool) {
+func (m *metering) held(ctx context.Context, method, target string, seconds float64, shed bool) {
 	if m.heldFor == nil || !m.heldFor.Enabled(ctx) {
 		return
 	}
-	m.heldFor.Record(ctx, seconds, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), telemetry.AttrShed.Bool(shed)))
+	m.heldFor.Record(ctx, seconds, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), telemetry.AttrTarget.String(target), telemetry.AttrShed.Bool(shed)))
 }
 
 // attempt counts an attempt that ended with err: retry is true for every
 // attempt after a call's first, hedge for those that were hedges.
-func (m *metering) attempt(ctx context.Context, method string, err error, retry, hedge bool) {
+func (m *metering) attempt(ctx context.Context, method, target string, err error, retry, hedge bool) {
 	if m.attempts == nil || !m.attempts.Enabled(ctx) {
 		return
 	}
@@ -177,49 +182,49 @@ func (m *metering) attempt(ctx context.Context, method string, err error, retry,
 		// values.
 		code = codes.Unknown
 	}
-	opt := m.attemptOpts.Get(attemptKey{method, code, retry, hedge}, func() metric.MeasurementOption {
-		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)),
+	opt := m.attemptOpts.Get(attemptKey{methodTarget{method, target}, code, retry, hedge}, func() metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)), telemetry.AttrTarget.String(target),
 			semconv.RPCResponseStatusCode(canonicalCode(code)), telemetry.AttrRetry.Bool(retry), telemetry.AttrHedge.Bool(hedge)))
 	})
 	m.attempts.Add(ctx, 1, opt)
 }
 
 // hedge counts a hedge that ended, and whether it won.
-func (m *metering) hedge(ctx context.Context, method string, won bool) {
+func (m *metering) hedge(ctx context.Context, method, target string, won bool) {
 	if m.hedges == nil || !m.hedges.Enabled(ctx) {
 		return
 	}
-	opt := m.hedgeOpts.Get(hedgeKey{method, won}, func() metric.MeasurementOption {
-		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)), telemetry.AttrHedgeWon.Bool(won)))
+	opt := m.hedgeOpts.Get(hedgeKey{methodTarget{method, target}, won}, func() metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)), telemetry.AttrTarget.String(target), telemetry.AttrHedgeWon.Bool(won)))
 	})
 	m.hedges.Add(ctx, 1, opt)
 }
 
-func (m *metering) call(ctx context.Context, method string, outcome Outcome) {
+func (m *metering) call(ctx context.Context, method, target string, outcome Outcome) {
 	if m.calls == nil || !m.calls.Enabled(ctx) {
 		return
 	}
-	opt := m.callOpts.Get(callKey{method, outcome}, func() metric.MeasurementOption {
-		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)), telemetry.AttrOutcome.String(string(outcome))))
+	opt := m.callOpts.Get(callKey{methodTarget{method, target}, outcome}, func() metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)), telemetry.AttrTarget.String(target), telemetry.AttrOutcome.String(string(outcome))))
 	})
 	m.calls.Add(ctx, 1, opt)
 }
 
-func (m *metering) retryDelay(ctx context.Context, method string, seconds float64) {
+func (m *metering) retryDelay(ctx context.Context, method, target string, seconds float64) {
 	if m.delay == nil || !m.delay.Enabled(ctx) {
 		return
 	}
-	opt := m.delayOpts.Get(method, func() metric.MeasurementOption {
-		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method))))
+	opt := m.delayOpts.Get(methodTarget{method, target}, func() metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(semconv.RPCMethod(trimSlash(method)), telemetry.AttrTarget.String(target)))
 	})
 	m.delay.Record(ctx, seconds, opt)
 }
 
-func (m *metering) refusal(ctx context.Context, method, kind string) {
+func (m *metering) refusal(ctx context.Context, method, target, kind string) {
 	if m.refusals == nil || !m.refusals.Enabled(ctx) {
 		return
 	}
-	m.refusals.Add(ctx, 1, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), telemetry.AttrBudgetKind.String(kind)))
+	m.refusals.Add(ctx, 1, metric.WithAttributes(semconv.RPCMethod(trimSlash(method)), telemetry.AttrTarget.String(target), telemetry.AttrBudgetKind.String(kind)))
 }
 
 // transition counts a breaker's state change. It runs while the breaker is

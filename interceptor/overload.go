@@ -80,7 +80,7 @@ func paces(ctl *pacing.Controller) bool { return ctl != nil && ctl.Pacing() }
 // in a trace every retry follows a wait. The error is nil when the
 // attempt may go, [pacing.ErrShed] when it was shed, or the status error
 // that matches the context's when ctx ended while it waited.
-func (ic *Interceptor) take(ctx context.Context, tracer trace.Tracer, ctl *pacing.Controller, method string, n int, place pacing.Place, t *ticket) error {
+func (ic *Interceptor) take(ctx context.Context, tracer trace.Tracer, ctl *pacing.Controller, method, target string, n int, place pacing.Place, t *ticket) error {
 	// While pacing, the controller learns how long answers take, and how
 	// long an attempt that timed out waited in its line; while calm, the
 	// clock is not read.
@@ -111,13 +111,13 @@ func (ic *Interceptor) take(ctx context.Context, tracer trace.Tracer, ctl *pacin
 	if held <= 0 && err == nil && place != pacing.Back {
 		return nil
 	}
-	return ic.held(ctx, tracer, method, n, t, held, err)
+	return ic.held(ctx, tracer, method, target, n, t, held, err)
 }
 
 // held records that attempt n, with ticket t, was held back for held by
 // its controller, which then told it err (nil: go), and returns the error
 // take returns.
-func (ic *Interceptor) held(ctx context.Context, tracer trace.Tracer, method string, n int, t *ticket, held time.Duration, err error) error {
+func (ic *Interceptor) held(ctx context.Context, tracer trace.Tracer, method, target string, n int, t *ticket, held time.Duration, err error) error {
 	if tracer != nil {
 		end := t.sent
 		if end.IsZero() { // it began to pace as the attempt asked
@@ -128,7 +128,7 @@ func (ic *Interceptor) held(ctx context.Context, tracer trace.Tracer, method str
 		span.End(trace.WithTimestamp(end))
 	}
 	if held > 0 || err != nil {
-		ic.metering.held(ctx, method, held.Seconds(), errors.Is(err, pacing.ErrShed))
+		ic.metering.held(ctx, method, target, held.Seconds(), errors.Is(err, pacing.ErrShed))
 	}
 	if err != nil && !errors.Is(err, pacing.ErrShed) {
 		return status.FromContextError(err).Err()
@@ -141,13 +141,13 @@ func (ic *Interceptor) held(ctx context.Context, tracer trace.Tracer, method str
 // server's load, ends the attempt's span and records its metrics. hedge
 // and won say whether it was a hedge, and the one whose answer the call
 // kept. Every attempt is finished here, once.
-func (ic *Interceptor) finish(ctx context.Context, method string, t *ticket, e *attemptEnd, hedge, won bool) {
+func (ic *Interceptor) finish(ctx context.Context, method, target string, t *ticket, e *attemptEnd, hedge, won bool) {
 	if t.ctl != nil && t.live {
 		if o, took, ok := t.outcome(ctx, ic.clock, e); ok {
 			t.ctl.Done(o, took)
 		}
 	}
-	ic.attemptEnded(ctx, method, e.span, e.n, e.err, hedge, won)
+	ic.attemptEnded(ctx, method, target, e.span, e.n, e.err, hedge, won)
 }
 
 // outcome is what attempt e, which went with ticket t, tells the

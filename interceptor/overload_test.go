@@ -388,11 +388,11 @@ func TestOverloadRetryInLineAtOnceIsTraced(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := ic.take(ctx, tp.Tracer("test"), ctl, "/s/M", 2, pacing.Back, new(ticket)); err != nil {
+	if err := ic.take(ctx, tp.Tracer("test"), ctl, "/s/M", "passthrough:///t", 2, pacing.Back, new(ticket)); err != nil {
 		t.Fatalf("retry in line: %v", err)
 	}
 	clk.Skip(time.Minute)
-	if err := ic.take(ctx, tp.Tracer("test"), ctl, "/s/M", 1, pacing.Fresh, new(ticket)); err != nil {
+	if err := ic.take(ctx, tp.Tracer("test"), ctl, "/s/M", "passthrough:///t", 1, pacing.Fresh, new(ticket)); err != nil {
 		t.Fatalf("first attempt: %v", err)
 	}
 	var spans []string

@@ -22,8 +22,8 @@ type backoffState struct {
 	retries int           // retries since the start or the last pushback
 	timer   *clock.Timer  // where the call keeps its timer: made on the first wait, then reset
 
-	method string
-	lim    *limits // the target's budgets; nil when none is on
+	method, target string
+	lim            *limits // the target's budgets; nil when none is on
 	// unsafe is true when only attempts that never reached the server may
 	// be repeated (WithIdempotentOnly, and the method is not idempotent).
 	unsafe bool
@@ -219,13 +219,13 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 	if bs.lim != nil && bs.lim.ratio != nil && !bs.lim.ratio.TryRetry() {
 		return ic.refuse(ctx, bs, "ratio", e)
 	}
-	ic.metering.retryDelay(ctx, bs.method, d.wait.Seconds())
+	ic.metering.retryDelay(ctx, bs.method, bs.target, d.wait.Seconds())
 	return d
 }
 
 // refuse ends a call whose retry a budget refused, and counts the refusal.
 func (ic *Interceptor) refuse(ctx context.Context, bs *backoffState, kind string, e attemptEnd) decision {
-	ic.metering.refusal(ctx, bs.method, kind)
+	ic.metering.refusal(ctx, bs.method, bs.target, kind)
 	return stop(OutcomeBudgetExhausted, e.n, e.err)
 }
 

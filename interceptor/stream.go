@@ -64,6 +64,7 @@ type retryStream struct {
 	desc     *grpc.StreamDesc
 	cc       *grpc.ClientConn
 	method   string
+	target   string        // cc.Target()
 	onFinish []func(error) // the caller's grpc.OnFinish, run once at the end
 	streamer grpc.Streamer
 	opts     []grpc.CallOption
@@ -132,7 +133,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	}
 	opts, finish := splitOnFinish(opts)
 	target := targetOf(cc)
-	s := &retryStream{ic: ic, p: p, tracer: ic.tracing.tracer(), desc: desc, cc: cc, method: method,
+	s := &retryStream{ic: ic, p: p, tracer: ic.tracing.tracer(), desc: desc, cc: cc, method: method, target: target,
 		streamer: streamer, opts: opts, limit: limit, onFinish: finish}
 	s.ended.Add(1)
 	if s.tracer != nil {
@@ -143,7 +144,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		err = status.Error(codes.InvalidArgument, err.Error())
 		s.outcome = OutcomeInvalidCallOption
 		s.endSpan(err)
-		ic.metering.call(ctx, method, s.outcome)
+		ic.metering.call(ctx, method, target, s.outcome)
 		finished(finish, err)
 		return nil, err
 	}
@@ -172,7 +173,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 				s.cancelTimeout()
 			}
 			s.endSpan(err)
-			ic.metering.call(ctx, method, s.outcome)
+			ic.metering.call(ctx, method, target, s.outcome)
 			finished(finish, err)
 			return nil, err
 		}
@@ -182,7 +183,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		}
 		s.breakerChangedLocked() // admission may have moved an open breaker to half-open
 	}
-	s.bs.method, s.bs.lim, s.bs.timer = method, ic.limitsFor(target), &s.waitTimer
+	s.bs.method, s.bs.target, s.bs.lim, s.bs.timer = method, target, ic.limitsFor(target), &s.waitTimer
 	s.ctl = ic.controllerFor(target)
 	s.bs.ctl = s.ctl
 	s.bs.unsafe = ic.idempotentOnly && !ic.safeToRetry(method)

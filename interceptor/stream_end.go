@@ -221,7 +221,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 		s.bs.succeeded()
 	}
 	s.endSpan(err)
-	s.ic.metering.call(s.ctx, s.method, s.outcome)
+	s.ic.metering.call(s.ctx, s.method, s.target, s.outcome)
 	finished(s.onFinish, err)
 	s.ended.Done()
 }
@@ -278,7 +278,7 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		e.idle = s.idleAtDeadlineLocked(err)
 	}
 	hedge, won := s.hedged.roleOf(a.n)
-	s.ic.finish(s.ctx, s.method, &a.ticket, &e, hedge, won)
+	s.ic.finish(s.ctx, s.method, s.target, &a.ticket, &e, hedge, won)
 }
 
 func (s *retryStream) endSpan(err error) {

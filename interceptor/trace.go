@@ -193,10 +193,10 @@ func startAttempt(ctx context.Context, tr trace.Tracer, method string, attempt i
 // attemptEnded counts attempt n of a call to method, which ended with err,
 // and ends its span (nil when tracing is off). hedge says the attempt was a
 // hedge, and won that its answer decided a hedged call.
-func (ic *Interceptor) attemptEnded(ctx context.Context, method string, span trace.Span, n int, err error, hedge, won bool) {
-	ic.metering.attempt(ctx, method, err, n > 1, hedge)
+func (ic *Interceptor) attemptEnded(ctx context.Context, method, target string, span trace.Span, n int, err error, hedge, won bool) {
+	ic.metering.attempt(ctx, method, target, err, n > 1, hedge)
 	if hedge {
-		ic.metering.hedge(ctx, method, won)
+		ic.metering.hedge(ctx, method, target, won)
 	}
 	if span != nil {
 		if won {

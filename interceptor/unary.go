@@ -146,6 +146,7 @@ type unaryCall struct {
 	p       *resolved
 	tracer  trace.Tracer // nil: tracing off
 	method  string
+	target  string // cc.Target()
 	req     any
 	reply   any
 	cc      *grpc.ClientConn
@@ -190,7 +191,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		if span != nil {
 			endCall(span, 0, OutcomeInvalidCallOption, codes.InvalidArgument, msg)
 		}
-		ic.metering.call(ctx, method, OutcomeInvalidCallOption)
+		ic.metering.call(ctx, method, targetOf(cc), OutcomeInvalidCallOption)
 		return err
 	}
 
@@ -209,7 +210,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		buf.copy(opts, unsafe)
 	}
 	target := targetOf(cc)
-	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf,
+	c := unaryCall{ic: ic, p: p, tracer: tracer, method: method, target: target, req: req, reply: reply, cc: cc, invoker: invoker, buf: buf,
 		lim: ic.limitsFor(target), ctl: ic.controllerFor(target), unsafe: unsafe}
 	maxAttempts := p.p.MaxAttempts
 	if p.hedged() {
@@ -269,7 +270,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		st := status.Convert(err)
 		endCall(span, c.attempts, c.outcome, st.Code(), st.Message())
 	}
-	ic.metering.call(ctx, method, c.outcome)
+	ic.metering.call(ctx, method, target, c.outcome)
 	return err
 }
 
@@ -278,7 +279,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 func (c *unaryCall) call(ctx context.Context, maxAttempts int) error {
 	if c.hedged && maxAttempts > 1 {
 		var t ticket
-		if err := c.ic.take(ctx, c.tracer, c.ctl, c.method, 1, pacing.Fresh, &t); err != nil {
+		if err := c.ic.take(ctx, c.tracer, c.ctl, c.method, c.target, 1, pacing.Fresh, &t); err != nil {
 			return c.notSent(ctx, 1, nil, err)
 		}
 		return c.hedge(ctx, maxAttempts, &t)
@@ -339,7 +340,7 @@ func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, e *c
 // call's error. It sets c.attempts, c.outcome and c.idle.
 func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	var (
-		bs      = backoffState{timer: &c.buf.timer, method: c.method, lim: c.lim, unsafe: c.unsafe, ctl: c.ctl}
+		bs      = backoffState{timer: &c.buf.timer, method: c.method, target: c.target, lim: c.lim, unsafe: c.unsafe, ctl: c.ctl}
 		numbers retryNumbers
 	)
 	bs.started()
@@ -363,7 +364,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		if back {
 			place = pacing.Back
 		}
-		if err := c.ic.take(ctx, c.tracer, c.ctl, c.method, attempt, place, &t); err != nil {
+		if err := c.ic.take(ctx, c.tracer, c.ctl, c.method, c.target, attempt, place, &t); err != nil {
 			return c.notSent(ctx, attempt, last, err)
 		}
 		c.attempts = attempt
@@ -372,7 +373,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 			actx = numbers.context(ctx, attempt, maxAttempts)
 		}
 		c.attempt(actx, attempt, &end)
-		c.ic.finish(ctx, c.method, &t, &end, false, false)
+		c.ic.finish(ctx, c.method, c.target, &t, &end, false, false)
 		if !t.live {
 			c.idle = true // it never went out
 		}

@@ -38,7 +38,7 @@ const (
 	AttrRetry         = attribute.Key("herdguard.retry")          // the attempt was a retry
 	AttrHedge         = attribute.Key("herdguard.hedge")          // the attempt was a hedge
 	AttrHedgeWon      = attribute.Key("herdguard.hedge.won")      // the attempt whose answer the caller got
-	AttrTarget        = attribute.Key("herdguard.target")         // the target a breaker or controller guards
+	AttrTarget        = attribute.Key("herdguard.target")         // the ClientConn's Target(): a call's, or the one a controller guards
 	AttrBudgetKind    = attribute.Key("herdguard.budget")         // what refused a retry or hedge: "throttling", "ratio", "hedge_budget", ...
 	AttrShed          = attribute.Key("herdguard.shed")           // the held attempt was shed, not sent
 	AttrBreakerScope  = attribute.Key("herdguard.breaker.scope")  // the breaker's key: a target or a method

@@ -85,11 +85,19 @@ func Start(tb testing.TB, s *Server, opts ...grpc.ServerOption) *Server {
 // Dial returns a client connection to s, closed when the test ends.
 func (s *Server) Dial(tb testing.TB, opts ...grpc.DialOption) *grpc.ClientConn {
 	tb.Helper()
+	return s.DialTarget(tb, Target, opts...)
+}
+
+// DialTarget is Dial with the client target named target (a passthrough
+// target reaches s whatever its name), so that one client can reach
+// several servers under targets of their own.
+func (s *Server) DialTarget(tb testing.TB, target string, opts ...grpc.DialOption) *grpc.ClientConn {
+	tb.Helper()
 	opts = append([]grpc.DialOption{
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return s.lis.DialContext(ctx) }),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 	}, opts...)
-	cc, err := grpc.NewClient(Target, opts...)
+	cc, err := grpc.NewClient(target, opts...)
 	if err != nil {
 		tb.Fatalf("grpc.NewClient: %v", err)
 	}
