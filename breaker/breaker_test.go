@@ -673,7 +673,7 @@ func TestOpenErrorSaysHowLong(t *testing.T) {
 		if want := "is open for 700ms more"; !strings.Contains(oe.Error(), want) {
 			t.Errorf("message %q, want it to say %q", oe.Error(), want)
 		}
-		time.Sleep(701 * time.Millisecond) // past the open period
+		time.Sleep(701 * time.Millisecond)                       // past the open period
 		if _, probe, _ := run(t, b, herdguard.Failure); !probe { // the probe fails: 2 s open
 			t.Fatal("no probe after the open period")
 		}

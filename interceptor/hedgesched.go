@@ -211,7 +211,7 @@ func (h *hedger) overLocked(ctx context.Context) hedgeVerdict {
 // decide does.
 func (h *hedger) failedLocked(ctx context.Context, err error, trailer metadata.MD, headers, clientErr bool) hedgeVerdict {
 	e := attemptEnd{err: err, trailer: trailer, headers: headers, client: clientErr || clientSide(err)}
-	j := judge(ctx, e, h.p.nonFatalCode(status.Code(err)))
+	j := judge(ctx, e, h.p.again(err, h.p.nonFatalCode(status.Code(err))))
 	if (j.fail == failAgain || j.fail == failStop) && h.throttle != nil {
 		h.throttle.Failure()
 	}

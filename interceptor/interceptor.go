@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
@@ -111,6 +112,20 @@ func newResolved(p policy.Policy) *resolved {
 func (r *resolved) retryableCode(c codes.Code) bool { return c < 32 && r.retryable&(1<<c) != 0 }
 
 func (r *resolved) nonFatalCode(c codes.Code) bool { return c < 32 && r.nonFatal&(1<<c) != 0 }
+
+// again reports whether a failed attempt's error err may be tried again
+// by its code: the policy's RetryIf first, if it decides, then byCode, the
+// codes' answer.
+func (r *resolved) again(err error, byCode bool) bool {
+	if r.p.RetryIf != nil {
+		if st, ok := status.FromError(err); ok {
+			if retry, decided := r.p.RetryIf(st); decided {
+				return retry
+			}
+		}
+	}
+	return byCode
+}
 
 // hedged reports whether calls under r are hedged rather than retried.
 func (r *resolved) hedged() bool { return r.p.Hedging.On() }

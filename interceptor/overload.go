@@ -165,6 +165,8 @@ func (ic *Interceptor) finish(ctx context.Context, method, target string, t *tic
 //     server for an answer (an idle stream, see idleAtDeadlineLocked).
 //   - One the call's deadline ended in flight is late, unless it waited
 //     in the line longer than it then had left (see timeoutOutcome).
+//   - A caller's quota running out (a RESOURCE_EXHAUSTED with a
+//     google.rpc.QuotaFailure) says nothing of the load.
 //   - Any other end is what its code says (loadOutcome).
 func (t *ticket) outcome(ctx context.Context, clk clock.Clock, e *attemptEnd) (o pacing.Outcome, took time.Duration, ok bool) {
 	switch {
@@ -186,6 +188,9 @@ func (t *ticket) outcome(ctx context.Context, clk clock.Clock, e *attemptEnd) (o
 	}
 	if o, ok := timeoutOutcome(ctx, e.err, e.timedOut, t.asked, t.sent, clk); ok {
 		return o, 0, true
+	}
+	if quotaFailure(e.err) { // the caller's quota, not the server's load
+		return pacing.Ignored, 0, true
 	}
 	return loadOutcome(e.err), 0, true
 }

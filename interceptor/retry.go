@@ -28,6 +28,9 @@ type backoffState struct {
 	// be repeated (WithIdempotentOnly, and the method is not idempotent).
 	unsafe bool
 	ctl    *pacing.Controller // the target's overload controller; nil when off
+	// floor is the last google.rpc.RetryInfo's retry_delay: the waits
+	// after it grow from it (0: none came).
+	floor time.Duration
 }
 
 // attemptEnd is what a failed attempt tells the retry decision.
@@ -148,7 +151,7 @@ func judge(ctx context.Context, e attemptEnd, again bool) judgement {
 // throttling, the deadline and the ratio budget may each stop the call.
 func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState, maxAttempts int, e attemptEnd) decision {
 	code := status.Code(e.err)
-	j := judge(ctx, e, p.retryableCode(code) || e.timedOut && code == codes.DeadlineExceeded)
+	j := judge(ctx, e, p.again(e.err, p.retryableCode(code) || e.timedOut && code == codes.DeadlineExceeded))
 	switch j.fail {
 	case failCaller:
 		return decision{outcome: contextOutcome(ctx.Err()), err: e.err}
@@ -205,12 +208,23 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 		return ic.refuse(ctx, bs, "throttling", e)
 	}
 	d := decision{retry: true, jitter: p.p.Jitter.String()}
-	if j.pushback {
+	switch dt := detailsOf(e.err); {
+	case dt.retryInfo && (!j.pushback || dt.retryDelay > j.wait):
+		// google.rpc.RetryInfo: wait retry_delay, then back off from it,
+		// as if it had been the backoff's first wait (the next is
+		// retry_delay × Multiplier, jittered).
+		d.wait, d.pushback, d.jitter, bs.retries, bs.prev = dt.retryDelay, true, "retry_info", 1, dt.retryDelay
+		bs.floor = max(bs.floor, dt.retryDelay)
+	case j.pushback:
 		// gRFC A6: wait as told, then start the backoff afresh.
 		d.wait, d.pushback, d.jitter, bs.retries, bs.prev = j.wait, true, "pushback", 0, 0
-	} else {
+	default:
 		bs.retries++
-		d.wait = p.p.Backoff(bs.retries, bs.prev, ic.rand())
+		pol := p.p
+		if bs.floor > 0 {
+			pol.InitialBackoff, pol.MaxBackoff = max(pol.InitialBackoff, bs.floor), max(pol.MaxBackoff, bs.floor)
+		}
+		d.wait = pol.Backoff(bs.retries, bs.prev, ic.rand())
 		bs.prev = d.wait
 	}
 	if deadline, ok := ctx.Deadline(); ok && ic.clock.Now().Add(d.wait).After(deadline) {

@@ -312,13 +312,15 @@ type callEnd struct {
 // same refusals would hold the callers off through the recovery the
 // controller's probes find. A server whose process is gone refuses
 // nothing: its attempts never reach it, the controller hears nothing, and
-// the breaker opens on the failed calls.
+// the breaker opens on the failed calls. A caller's quota running out (a
+// RESOURCE_EXHAUSTED with a google.rpc.QuotaFailure) says nothing of the
+// server either.
 func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, e *callEnd) herdguard.Verdict {
 	err, idle := e.err, e.idle
 	if err == nil {
 		return herdguard.Success
 	}
-	if e.clientErr || e.outcome == OutcomeShed || e.gaveUpBelow || paces(ctl) {
+	if e.clientErr || e.outcome == OutcomeShed || e.gaveUpBelow || paces(ctl) || quotaFailure(err) {
 		return herdguard.Ignored
 	}
 	switch ctx.Err() {

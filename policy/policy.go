@@ -9,6 +9,7 @@ import (
 	"github.com/herdguard/herdguard/internal/errs"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/herdguard/herdguard"
 )
@@ -45,6 +46,16 @@ type Policy struct {
 	// herdguard.DefaultRetryableCodes() (Unavailable, ResourceExhausted).
 	// OK and Canceled are refused: neither is a failure to retry.
 	RetryableCodes []codes.Code
+	// RetryIf, if set, decides on a failed attempt's whole status, its
+	// message and details included, before the codes do: ok true says
+	// whether to try again (retry), ok false leaves it to RetryableCodes
+	// (for a hedged call, to Hedging.NonFatalCodes). It is asked only where
+	// the code would be: a caller's own end, response headers (a commit),
+	// the client's own error and a pushback that says stop still decide
+	// first, and the attempts, budgets and deadline still bound the call.
+	// It runs on the caller's goroutine, or a hedge's, and must be safe for
+	// concurrent use.
+	RetryIf func(st *status.Status) (retry, ok bool)
 	// PerAttemptTimeout bounds each attempt; an attempt that runs out fails
 	// with DeadlineExceeded, which is retried while the caller's own deadline
 	// allows, whether or not DeadlineExceeded is in RetryableCodes.
