@@ -188,15 +188,17 @@ func newBreaker(scope string, s Settings) *Breaker {
 func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.Settings {
 	consecutive, ratio, minRequests, downAfter := s.ConsecutiveFailures, s.FailureRatio, s.MinRequests, s.DownAfter
 	onChange := s.OnStateChange
-	// run is the current run of consecutive failed calls, and runStart
-	// when it began. gobreaker calls IsSuccessful for every call it counts,
-	// ReadyToTrip at every failure of a closed breaker and OnStateChange at
-	// every transition, each under its lock, which guards them. The run is
-	// kept here, not read from gobreaker's Counts: its rolling window takes
-	// a run's oldest failures back out as their buckets age, and a run of
-	// failures a few seconds apart would then never reach its count.
+	// since counts the calls gobreaker counted since the last transition:
+	// its ConsecutiveFailures is the current run of failed calls, and
+	// runStart is when that run began. gobreaker calls IsSuccessful for
+	// every call it counts, ReadyToTrip at every failure of a closed
+	// breaker and OnStateChange at every transition, each under its lock,
+	// which guards them. The run is kept here, not read from gobreaker's
+	// Counts: its rolling window takes a run's oldest failures back out as
+	// their buckets age, and a run of failures a few seconds apart would
+	// then never reach its count.
 	var (
-		run      uint32
+		since    Counts
 		runStart time.Time
 	)
 	return gobreaker.Settings{
@@ -206,6 +208,7 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 		BucketPeriod: s.Window / windowBuckets,
 		Timeout:      s.OpenTimeout,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
+			run := since.ConsecutiveFailures
 			if downAfter > 0 {
 				now := time.Now()
 				if run <= 1 {
@@ -222,18 +225,24 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 				float64(c.TotalFailures) >= ratio*float64(finished)
 		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {
-			run = 0 // gobreaker starts its counts afresh
+			judged := since
+			since = Counts{} // gobreaker starts its counts afresh
 			mirror(fromGobreaker(to))
 			if onChange != nil {
-				onChange(scope, fromGobreaker(from), fromGobreaker(to))
+				onChange(scope, fromGobreaker(from), fromGobreaker(to), judged)
 			}
 		},
 		IsSuccessful: func(err error) bool {
+			since.Requests++
 			if err != nil {
-				run++
+				since.TotalFailures++
+				since.ConsecutiveFailures++
+				since.ConsecutiveSuccesses = 0
 				return false
 			}
-			run = 0
+			since.TotalSuccesses++
+			since.ConsecutiveSuccesses++
+			since.ConsecutiveFailures = 0
 			return true
 		},
 		IsExcluded: func(err error) bool { return err == errExcluded },

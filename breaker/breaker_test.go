@@ -2,6 +2,7 @@ package breaker_test
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"strings"
@@ -94,8 +95,8 @@ func TestOpenTimeoutThenProbe(t *testing.T) {
 		b := newBreaker(t, breaker.Settings{
 			ConsecutiveFailures: 1,
 			OpenTimeout:         2 * time.Second,
-			OnStateChange: func(scope string, from, to breaker.State) {
-				changes = append(changes, scope+": "+from.String()+"->"+to.String())
+			OnStateChange: func(scope string, from, to breaker.State, c breaker.Counts) {
+				changes = append(changes, fmt.Sprintf("%s: %v->%v %d/%d", scope, from, to, c.ConsecutiveFailures, c.ConsecutiveSuccesses))
 			},
 		})
 		before, after, _ := b.Execute(func(bool) herdguard.Verdict { return herdguard.Failure })
@@ -117,7 +118,9 @@ func TestOpenTimeoutThenProbe(t *testing.T) {
 		if _, probe, _ := run(t, b, herdguard.Success); probe {
 			t.Error("a call through a closed breaker was told it is a probe")
 		}
-		want := []string{"dns:///pay: closed->open", "dns:///pay: open->half-open", "dns:///pay: half-open->closed"}
+		// Each transition with the counts it was judged on: the failure
+		// that tripped it, nothing while open, the good probe.
+		want := []string{"dns:///pay: closed->open 1/0", "dns:///pay: open->half-open 0/0", "dns:///pay: half-open->closed 0/1"}
 		if strings.Join(changes, "|") != strings.Join(want, "|") {
 			t.Errorf("OnStateChange calls = %q, want %q", changes, want)
 		}
@@ -363,7 +366,7 @@ func TestDefaultIgnoresIndependentFailures(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var opened int
 				s := tc.s
-				s.OnStateChange = func(_ string, _, to breaker.State) {
+				s.OnStateChange = func(_ string, _, to breaker.State, _ breaker.Counts) {
 					if to == breaker.Open {
 						opened++
 					}

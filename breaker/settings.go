@@ -134,10 +134,13 @@ type Settings struct {
 	// breaker to this process.
 	Fleet Fleet
 	// OnStateChange, if set, is called on every transition with the scope
-	// name (the target, or the target followed by the full method). It runs
-	// while the breaker is locked: it must return quickly and must not call
-	// the breaker.
-	OnStateChange func(scope string, from, to State)
+	// name (the target, or the target followed by the full method) and the
+	// counts the transition was judged on: the calls counted since the
+	// previous transition, whose ConsecutiveFailures is the run that
+	// tripped a closed breaker (a healthy closed breaker's successes are
+	// left out, see [Counts]). It runs while the breaker is locked: it must
+	// return quickly and must not call the breaker.
+	OnStateChange func(scope string, from, to State, counts Counts)
 }
 
 // Validate reports the first unusable field, naming it and its value.

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -391,4 +393,89 @@ func ExampleWithOverloadControl() {
 		fmt.Println("shed by the overload controller, last status:", status.Code(err))
 	}
 	// Output: shed by the overload controller, last status: Unavailable
+}
+
+// A retry storm, as the log tells it. WithLogger logs each retry at Debug,
+// and at Warn the breaker opening and each call herdguard gave up on. The
+// server on 127.0.0.1 turns every call away: the first two calls make
+// three attempts each, the second trips the breaker, and the third is
+// refused without being sent. (The overload controller is off here, so
+// that the log is the same on every run; the time, the target and the
+// error's text are left out of it.)
+func ExampleWithLogger() {
+	target, _, stop := serveDown()
+	defer stop()
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		Level: slog.LevelDebug,
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			switch a.Key {
+			case slog.TimeKey, "herdguard.target", "herdguard.breaker.scope", "error":
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+	ic, err := interceptor.New(
+		interceptor.WithLogger(logger),
+		interceptor.WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: time.Millisecond, Jitter: policy.NoJitter}),
+		interceptor.WithBreaker(breaker.Settings{ConsecutiveFailures: 2}),
+		interceptor.WithoutOverloadControl(),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	client, closeClient := dial(target, ic)
+	defer closeClient()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for range 3 {
+		_, _ = client.EmptyCall(ctx, &testgrpc.Empty{})
+	}
+	// Output:
+	// level=DEBUG msg="herdguard: retrying" rpc.method=/grpc.testing.TestService/EmptyCall herdguard.attempt=1 rpc.response.status_code=UNAVAILABLE wait=1ms reason=backoff
+	// level=DEBUG msg="herdguard: retrying" rpc.method=/grpc.testing.TestService/EmptyCall herdguard.attempt=2 rpc.response.status_code=UNAVAILABLE wait=2ms reason=backoff
+	// level=WARN msg="herdguard: call failed" rpc.method=/grpc.testing.TestService/EmptyCall herdguard.outcome=exhausted herdguard.attempts=3 rpc.response.status_code=UNAVAILABLE
+	// level=DEBUG msg="herdguard: retrying" rpc.method=/grpc.testing.TestService/EmptyCall herdguard.attempt=1 rpc.response.status_code=UNAVAILABLE wait=1ms reason=backoff
+	// level=DEBUG msg="herdguard: retrying" rpc.method=/grpc.testing.TestService/EmptyCall herdguard.attempt=2 rpc.response.status_code=UNAVAILABLE wait=2ms reason=backoff
+	// level=WARN msg="herdguard: circuit breaker open" herdguard.breaker.from=closed herdguard.breaker.to=open consecutive_failures=2 failures=2 successes=0
+	// level=WARN msg="herdguard: call failed" rpc.method=/grpc.testing.TestService/EmptyCall herdguard.outcome=exhausted herdguard.attempts=3 rpc.response.status_code=UNAVAILABLE
+	// level=WARN msg="herdguard: call failed" rpc.method=/grpc.testing.TestService/EmptyCall herdguard.outcome=breaker_open herdguard.attempts=0 rpc.response.status_code=UNAVAILABLE
+}
+
+// Hooks tell the caller's code what happens: here, a count of retries per
+// method, the way go-grpc-middleware's WithOnRetryCallback or failsafe-go's
+// OnRetry listener would keep it. The server turns every call away; each
+// call makes 3 attempts, so 2 retries, and gives up.
+func ExampleWithHooks() {
+	target, _, stop := serveDown()
+	defer stop()
+	var retries, failed atomic.Int32
+	ic, err := interceptor.New(
+		interceptor.WithHooks(interceptor.Hooks{
+			OnRetry:  func(_ context.Context, e interceptor.RetryEvent) { retries.Add(1) },
+			OnGiveUp: func(_ context.Context, e interceptor.GiveUpEvent) { failed.Add(1) },
+		}),
+		interceptor.WithPolicy(policy.Policy{MaxAttempts: 3, InitialBackoff: time.Millisecond}),
+		interceptor.WithoutBreaker(), interceptor.WithoutOverloadControl(),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	client, closeClient := dial(target, ic)
+	defer closeClient()
+	for range 2 {
+		_, _ = client.EmptyCall(context.Background(), &testgrpc.Empty{})
+	}
+	fmt.Println("retries:", retries.Load(), "calls failed:", failed.Load())
+	// Output:
+	// retries: 4 calls failed: 2
+}
+
+// dial returns a client of target through ic, and how to close it.
+func dial(target string, ic *interceptor.Interceptor) (testgrpc.TestServiceClient, func()) {
+	cc, err := grpc.NewClient(target, append(ic.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return testgrpc.NewTestServiceClient(cc), func() { cc.Close() }
 }

@@ -32,6 +32,7 @@ type Interceptor struct {
 	breakers *breaker.Group                // nil without a breaker
 	classify func(error) herdguard.Verdict // the breaker's Verdict; nil: the table
 	tracing  tracing
+	events   events // the hooks and the logger
 	clock    clock.Clock
 	rand     func() float64
 	buffers  sync.Pool // *attemptBuffer
@@ -117,11 +118,17 @@ func (r *resolved) nonFatalCode(c codes.Code) bool { return c < 32 && r.nonFatal
 // by its code: the policy's RetryIf first, if it decides, then byCode, the
 // codes' answer.
 func (r *resolved) again(err error, byCode bool) bool {
-	if r.p.RetryIf != nil {
-		if st, ok := status.FromError(err); ok {
-			if retry, decided := r.p.RetryIf(st); decided {
-				return retry
-			}
+	if r.p.RetryIf == nil {
+		return byCode
+	}
+	return r.retryIf(err, byCode)
+}
+
+// retryIf is again with the policy's RetryIf set.
+func (r *resolved) retryIf(err error, byCode bool) bool {
+	if st, ok := status.FromError(err); ok {
+		if retry, decided := r.p.RetryIf(st); decided {
+			return retry
 		}
 	}
 	return byCode
@@ -173,6 +180,7 @@ func New(opts ...Option) (*Interceptor, error) {
 		hedgeBudgetOf: c.hedgeBudget.WithHedgeDefaults(),
 
 		idempotencyKey: c.idempotencyKey,
+		events:         newEvents(c.hooks, c.logger),
 		idempotentOnly: c.idempotentOnly,
 	}
 	if c.overload != nil {
@@ -200,11 +208,12 @@ func New(opts ...Option) (*Interceptor, error) {
 	if !c.noBreaker {
 		settings := c.breaker
 		user := settings.OnStateChange
-		settings.OnStateChange = func(scope string, from, to breaker.State) {
+		settings.OnStateChange = func(scope string, from, to breaker.State, counts breaker.Counts) {
 			if user != nil {
-				user(scope, from, to)
+				user(scope, from, to, counts)
 			}
 			ic.metering.transition(scope, from, to)
+			ic.events.breakerChanged(BreakerEvent{Scope: scope, From: from, To: to, Counts: counts})
 		}
 		g, err := breaker.NewGroup(settings)
 		if err != nil { // validate has checked; kept so no error is dropped

@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 
@@ -44,6 +45,9 @@ type config struct {
 
 	idempotencyKey string // metadata key; "" = off
 	idempotentOnly bool
+
+	hooks  Hooks
+	logger *slog.Logger // nil: silent
 }
 
 func defaultConfig() config {

@@ -128,7 +128,11 @@ func (ic *Interceptor) held(ctx context.Context, tracer trace.Tracer, method, ta
 		span.End(trace.WithTimestamp(end))
 	}
 	if held > 0 || err != nil {
-		ic.metering.held(ctx, method, target, held.Seconds(), errors.Is(err, pacing.ErrShed))
+		shed := errors.Is(err, pacing.ErrShed)
+		ic.metering.held(ctx, method, target, held.Seconds(), shed)
+		if ic.events.on {
+			ic.events.held(ctx, HeldEvent{Method: method, Target: target, Attempt: n, Held: held, Shed: shed})
+		}
 	}
 	if err != nil && !errors.Is(err, pacing.ErrShed) {
 		return status.FromContextError(err).Err()

@@ -179,8 +179,10 @@ func TestOverloadShedsAttempt(t *testing.T) {
 		}
 		return sc.unary(ctx, req)
 	}})
+	var heldEvents []HeldEvent // OnHeld hears of the shed attempt
 	ic, err := New(withClock(clk), withRand(fixedRand(0.5)), WithoutBreaker(), WithMeterProvider(mp),
-		WithPolicy(policy.Policy{MaxAttempts: 1}), WithOverloadControl(overload.Settings{MinFailures: 3}))
+		WithPolicy(policy.Policy{MaxAttempts: 1}), WithOverloadControl(overload.Settings{MinFailures: 3}),
+		WithHooks(Hooks{OnHeld: func(_ context.Context, e HeldEvent) { heldEvents = append(heldEvents, e) }}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,6 +252,13 @@ func TestOverloadShedsAttempt(t *testing.T) {
 	}
 	if n := sumInt(t, mrec, telemetry.MetricCalls, []attribute.KeyValue{telemetry.AttrOutcome.String(string(OutcomeShed))}); n != 1 {
 		t.Errorf("calls with outcome shed = %d, want 1", n)
+	}
+	// OnHeld heard of each attempt held back (the two held for their
+	// token, the one whose deadline passed in line), and last of the shed
+	// one.
+	if want := (HeldEvent{Method: testserver.MethodUnary, Target: testserver.Target, Attempt: 1, Shed: true}); len(heldEvents) != 4 || heldEvents[3] != want ||
+		heldEvents[0].Held <= 0 || heldEvents[0].Shed || slices.ContainsFunc(heldEvents[:3], func(e HeldEvent) bool { return e.Shed }) {
+		t.Errorf("OnHeld heard %+v, want 3 attempts held, not shed, then %+v", heldEvents, want)
 	}
 }
 

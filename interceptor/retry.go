@@ -208,6 +208,7 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 		return ic.refuse(ctx, bs, "throttling", e)
 	}
 	d := decision{retry: true, jitter: p.p.Jitter.String()}
+	reason := "backoff"
 	switch dt := detailsOf(e.err); {
 	case dt.retryInfo && (!j.pushback || dt.retryDelay > j.wait):
 		// google.rpc.RetryInfo: wait retry_delay, then back off from it,
@@ -215,16 +216,20 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 		// retry_delay × Multiplier, jittered).
 		d.wait, d.pushback, d.jitter, bs.retries, bs.prev = dt.retryDelay, true, "retry_info", 1, dt.retryDelay
 		bs.floor = max(bs.floor, dt.retryDelay)
+		reason = "retry_info"
 	case j.pushback:
 		// gRFC A6: wait as told, then start the backoff afresh.
 		d.wait, d.pushback, d.jitter, bs.retries, bs.prev = j.wait, true, "pushback", 0, 0
+		reason = "pushback"
 	default:
 		bs.retries++
-		pol := p.p
-		if bs.floor > 0 {
+		if bs.floor == 0 {
+			d.wait = p.p.Backoff(bs.retries, bs.prev, ic.rand())
+		} else {
+			pol := p.p
 			pol.InitialBackoff, pol.MaxBackoff = max(pol.InitialBackoff, bs.floor), max(pol.MaxBackoff, bs.floor)
+			d.wait = pol.Backoff(bs.retries, bs.prev, ic.rand())
 		}
-		d.wait = pol.Backoff(bs.retries, bs.prev, ic.rand())
 		bs.prev = d.wait
 	}
 	if deadline, ok := ctx.Deadline(); ok && ic.clock.Now().Add(d.wait).After(deadline) {
@@ -234,6 +239,9 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 		return ic.refuse(ctx, bs, "ratio", e)
 	}
 	ic.metering.retryDelay(ctx, bs.method, bs.target, d.wait.Seconds())
+	if ic.events.on {
+		ic.events.retry(ctx, RetryEvent{Method: bs.method, Target: bs.target, Attempt: e.n, Err: e.err, Wait: d.wait, Reason: reason})
+	}
 	return d
 }
 

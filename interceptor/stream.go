@@ -145,6 +145,9 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 		s.outcome = OutcomeInvalidCallOption
 		s.endSpan(err)
 		ic.metering.call(ctx, method, target, s.outcome)
+		if err != nil && ic.events.on {
+			ic.gaveUp(ctx, method, target, s.outcome, 0, err)
+		}
 		finished(finish, err)
 		return nil, err
 	}
@@ -174,6 +177,9 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 			}
 			s.endSpan(err)
 			ic.metering.call(ctx, method, target, s.outcome)
+			if err != nil && ic.events.on {
+				ic.gaveUp(ctx, method, target, s.outcome, 0, err)
+			}
 			finished(finish, err)
 			return nil, err
 		}

@@ -202,7 +202,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 		s.breakerDone = nil
 		s.breakerChangedLocked()
 	}
-	unwatch := s.unwatch
+	unwatch, attempts := s.unwatch, s.attempts
 	s.mu.Unlock()
 
 	if unwatch != nil {
@@ -222,6 +222,9 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	}
 	s.endSpan(err)
 	s.ic.metering.call(s.ctx, s.method, s.target, s.outcome)
+	if err != nil && s.ic.events.on {
+		s.ic.gaveUp(s.ctx, s.method, s.target, s.outcome, attempts, err)
+	}
 	finished(s.onFinish, err)
 	s.ended.Done()
 }

@@ -192,6 +192,9 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 			endCall(span, 0, OutcomeInvalidCallOption, codes.InvalidArgument, msg)
 		}
 		ic.metering.call(ctx, method, targetOf(cc), OutcomeInvalidCallOption)
+		if err != nil && ic.events.on {
+			ic.gaveUp(ctx, method, targetOf(cc), OutcomeInvalidCallOption, 0, err)
+		}
 		return err
 	}
 
@@ -271,6 +274,9 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 		endCall(span, c.attempts, c.outcome, st.Code(), st.Message())
 	}
 	ic.metering.call(ctx, method, target, c.outcome)
+	if err != nil && ic.events.on {
+		ic.gaveUp(ctx, method, target, c.outcome, c.attempts, err)
+	}
 	return err
 }
 

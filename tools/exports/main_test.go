@@ -8,11 +8,11 @@ import (
 )
 
 // The README's packages section promises a surface: interceptor at most
-// 45 exported names, and the packages it lists at most 217 in all. A name added past either fails here, to be
+// 52 exported names, and the packages it lists at most 224 in all. A name added past either fails here, to be
 // weighed, and the README's count updated.
 func TestSurfaceKeepsTheREADMEsCount(t *testing.T) {
 	root := filepath.Join("..", "..")
-	limits := map[string]int{"interceptor": 45}
+	limits := map[string]int{"interceptor": 52}
 	total := 0
 	for _, dir := range []string{".", "policy", "breaker", "interceptor", "overload", "mesh", "telemetry", "redisfleet"} {
 		names, _, err := exported(filepath.Join(root, dir))
@@ -24,8 +24,8 @@ func TestSurfaceKeepsTheREADMEsCount(t *testing.T) {
 		}
 		total += len(names)
 	}
-	if total > 217 {
-		t.Errorf("the packages export %d names in all, the README promises at most 217", total)
+	if total > 224 {
+		t.Errorf("the packages export %d names in all, the README promises at most 224", total)
 	}
 }
 
