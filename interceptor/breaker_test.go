@@ -544,3 +544,33 @@ func TestLongStreamClosesHalfOpenBreaker(t *testing.T) {
 		})
 	}
 }
+
+// The breaker keeps its word through a real server: 5 failed calls in a
+// row trip it however slowly they come, here 300ms apart, past its 1s
+// Window, whose rolling buckets would otherwise take the first failures
+// back out of the run. The pace is a lower bound: a slower machine spreads
+// the calls further, and the run trips all the same.
+func TestBreakerTripsOnASlowRunOfFailedCalls(t *testing.T) {
+	srv := testserver.Start(t, &testserver.Server{Unary: fail(codes.Unavailable).unary})
+	ic, err := New(WithoutOverloadControl(), WithPolicy(policy.Policy{MaxAttempts: 1}),
+		WithBreaker(breaker.Settings{ConsecutiveFailures: 5, Window: time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client(t, ic.DialOptions()...)
+	b := ic.Breakers().Get(testserver.Target, testserver.MethodUnary)
+	for i := range 5 {
+		if i > 0 {
+			time.Sleep(300 * time.Millisecond)
+		}
+		if err := call(t, c); status.Code(err) != codes.Unavailable || errors.Is(err, breaker.ErrOpen) {
+			t.Fatalf("call %d: %v, want the server's Unavailable", i+1, err)
+		}
+	}
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("5 failed calls in a row over 1.2s: breaker %v, want open", got)
+	}
+	if err := call(t, c); !errors.Is(err, breaker.ErrOpen) {
+		t.Errorf("the next call: %v, want refused by the open breaker", err)
+	}
+}
