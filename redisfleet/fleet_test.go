@@ -148,6 +148,12 @@ func TestFleetOpensTogether(t *testing.T) {
 	if ran, err := b.call(herdguard.Failure); !ran || err != nil {
 		t.Fatalf("the third failure was refused: %v", err)
 	}
+	// A replica tells Redis of its calls without waiting: until b's
+	// failure is counted there, a success of a's could still end the run
+	// first, and the fleet would rightly stay closed.
+	testutil.Eventually(t, "Redis opens the fleet on the third failure", func() bool {
+		return client(t, srv.Addr).HGet(context.Background(), redisfleet.DefaultPrefix+scope, "st").Val() == "o"
+	})
 	took := testutil.Eventually(t, "replica a refuses after b's failure opened the fleet", func() bool {
 		_, err := a.call(herdguard.Success)
 		return refusedShared(err)
