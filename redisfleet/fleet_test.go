@@ -194,7 +194,12 @@ func TestFleetRunMustLastDownAfter(t *testing.T) {
 	// a's own breaker, with the same rule, opens on this failure too: the
 	// fleet's must have opened as well
 	a.call(herdguard.Failure)
-	testutil.Eventually(t, "the fleet opens once the run lasted DownAfter", func() bool {
+	// Counted first: a success of b's told Redis before a's failure would
+	// end the run (see TestFleetOpensTogether).
+	testutil.Eventually(t, "Redis opens the fleet once the run lasted DownAfter", func() bool {
+		return client(t, srv.Addr).HGet(context.Background(), redisfleet.DefaultPrefix+scope, "st").Val() == "o"
+	})
+	testutil.Eventually(t, "b hears the fleet opened", func() bool {
 		_, err := b.call(herdguard.Success)
 		return refusedShared(err)
 	})
