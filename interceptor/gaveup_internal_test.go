@@ -151,7 +151,7 @@ func errString(err error) string {
 // (Context) while its Header waits for an attempt that then ends without
 // headers, failed because a layer below gave up, is over with the server's
 // status as it is, not retried, and left out of the overload controller's
-// count; Header's own judge takes the give-up there (belowLocked). The
+// count; Header's own judge takes the give-up there (gaveUpBelowLocked). The
 // test waits until the caller's Header is inside gRPC's before it
 // commits, so that Header, not RecvMsg, learns the end. The control, a
 // pushback alone, has the controller pacing after a few calls.

@@ -221,12 +221,12 @@ func (h *hedger) failedLocked(ctx context.Context, err error, trailer metadata.M
 	// The call ends with its latest failure (h.last, or this one if it
 	// is fatal), and the breaker judges by it: a hedge still in flight
 	// after a give-up below may fail for this target's own reasons.
-	h.gaveUpBelow = j.below
+	h.gaveUpBelow = j.gaveUpBelow
 	nonFatal := j.fail == failAgain || j.fail == failStop && j.again
 	switch {
 	case j.fail == failCaller:
 		return hedgeVerdict{hedgeFatal, err, contextOutcome(ctx.Err())}
-	case j.below && !nonFatal: // headers, too, make a failure fatal
+	case j.gaveUpBelow && !nonFatal: // headers, too, make a failure fatal
 		// A layer below gave up, and the failure decides the call: it
 		// gives up too, saying so, whatever the code and the headers,
 		// as a retried call does (decide).

@@ -43,7 +43,7 @@ func TestJudge(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			j := judge(tt.ctx, tt.e, tt.again)
-			if j.fail != tt.want || j.below != tt.below || j.again != tt.again {
+			if j.fail != tt.want || j.gaveUpBelow != tt.below || j.again != tt.again {
 				t.Errorf("judge = %+v, want fail %d, below %v, again %v", j, tt.want, tt.below, tt.again)
 			}
 			if got := j.pushback; got != (tt.pushback >= 0) || got && j.wait != tt.pushback {

@@ -163,7 +163,7 @@ func (ic *Interceptor) finish(ctx context.Context, method, target string, t *tic
 //     answer whose wait was that layer's line.
 //   - A stream the server answered, ended later by the caller's deadline,
 //     is an answer: a watch stream lives until its deadline.
-//   - An attempt a layer below gave up on, saying so (judgedBelow), says
+//   - An attempt a layer below gave up on, saying so (gaveUpBelow), says
 //     nothing of the load.
 //   - So does one the caller's deadline ended before anyone asked the
 //     server for an answer (an idle stream, see idleAtDeadlineLocked).
@@ -185,7 +185,7 @@ func (t *ticket) outcome(ctx context.Context, clk clock.Clock, e *attemptEnd) (o
 		return pacing.Answered, took, true
 	case e.answered && status.Code(e.err) == codes.DeadlineExceeded:
 		return pacing.Answered, 0, true
-	case e.below || judgedBelow(e.trailer):
+	case e.gaveUpBelow || gaveUpBelow(e.trailer):
 		return pacing.Below, 0, true
 	case e.idle:
 		return pacing.Ignored, 0, true

@@ -951,7 +951,7 @@ func TestTicketOutcome(t *testing.T) {
 		{"an answer with another code", calm, nil, attemptEnd{err: status.Error(codes.NotFound, "no")}, pacing.Answered, 0, true},
 		{"the caller's cancellation", calm, nil, attemptEnd{err: status.Error(codes.Canceled, "cancelled")}, pacing.Ignored, 0, true},
 		{"a give-up below, in the trailer", calm, nil, attemptEnd{err: refused, trailer: gaveUp}, pacing.Below, 0, true},
-		{"a give-up below, read before the end", calm, nil, attemptEnd{err: refused, below: true}, pacing.Below, 0, true},
+		{"a give-up below, read before the end", calm, nil, attemptEnd{err: refused, gaveUpBelow: true}, pacing.Below, 0, true},
 		{"a stream answered, then its deadline", paced, expired, attemptEnd{err: timedOut, answered: true}, pacing.Answered, 0, true},
 		{"an idle stream at its deadline", paced, expired, attemptEnd{err: timedOut, idle: true}, pacing.Ignored, 0, true},
 		{"in flight at the call's deadline", paced, fakeDeadline{expired, sent.Add(time.Second)}, attemptEnd{err: timedOut}, pacing.Late, 0, true},

@@ -47,9 +47,9 @@ type attemptEnd struct {
 	headers bool
 	// client is true when the error is the client's own (see clientSide).
 	client bool
-	// below: a layer below gave up on it, saying so in a trailer read
-	// before the attempt ended (a stream's; see judgedBelow).
-	below bool
+	// gaveUpBelow: a layer below gave up on it, saying so in a trailer
+	// read before the attempt ended (a stream's; see gaveUpBelow).
+	gaveUpBelow bool
 	// answered: the server answered it (a stream's header or message)
 	// before the caller's deadline ended it.
 	answered bool
@@ -103,10 +103,10 @@ type judgement struct {
 	// again: the code is one the policy tries again on (retryable, or
 	// non-fatal for hedges).
 	again bool
-	// below: the trailer says "do not retry" because a layer below gave
-	// up (judgedBelow): the call gives up too, saying so, and neither the
-	// breaker nor the overload controller counts it.
-	below bool
+	// gaveUpBelow: the trailer says "do not retry" because a layer below
+	// gave up (gaveUpBelow): the call gives up too, saying so, and neither
+	// the breaker nor the overload controller counts it.
+	gaveUpBelow bool
 	// pushback: the server said how long to wait (wait), for failAgain.
 	pushback bool
 	wait     time.Duration
@@ -118,7 +118,7 @@ type judgement struct {
 // again). Retries (decide) and hedges (hedger.failedLocked) both judge by
 // it, and differ only in what follows.
 func judge(ctx context.Context, e attemptEnd, again bool) judgement {
-	j := judgement{again: again, below: judgedBelow(e.trailer)}
+	j := judgement{again: again, gaveUpBelow: gaveUpBelow(e.trailer)}
 	switch {
 	case ctx.Err() != nil:
 		j.fail = failCaller
@@ -156,7 +156,7 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 	case failCaller:
 		return decision{outcome: contextOutcome(ctx.Err()), err: e.err}
 	case failCommitted:
-		if j.below {
+		if j.gaveUpBelow {
 			// Committed, and a layer below gave up: the call gives up
 			// too, saying so, like one that had not committed (below).
 			// A committed call takes no throttling token. Only a unary
@@ -173,7 +173,7 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 	case failStop:
 		bs.throttleFailure() // gRPC counts a refused pushback as a failure, whatever the code
 		switch {
-		case j.below:
+		case j.gaveUpBelow:
 			// A layer below gave up: this call gives up too, whatever
 			// the code, and says so (a *RetryError), so that a server
 			// half above passes the "don't retry" on.
@@ -183,7 +183,7 @@ func (ic *Interceptor) decide(ctx context.Context, p *resolved, bs *backoffState
 			return decision{outcome: OutcomePushbackStop, err: e.err}
 		}
 		d := stop(OutcomePushbackStop, e.n, e.err)
-		d.gaveUpBelow = j.below
+		d.gaveUpBelow = j.gaveUpBelow
 		return d
 	}
 	if maxAttempts <= 1 {
@@ -346,10 +346,9 @@ func contextOutcome(err error) Outcome {
 	return OutcomeCanceled
 }
 
-// gaveUpBelow reports whether a trailer whose pushback says do not retry
-// also says that a layer below gave up (the herdguard-gave-up trailer): the breaker
-// does not count such a call.
-func gaveUpBelow(md metadata.MD) bool { return len(md[wire.GaveUpKey]) > 0 } // a trailer's keys are lowercase: no Get
+// hasGaveUpKey reports whether a trailer carries the herdguard-gave-up key
+// a layer below sets beside its "do not retry" (see gaveUpBelow).
+func hasGaveUpKey(md metadata.MD) bool { return len(md[wire.GaveUpKey]) > 0 } // a trailer's keys are lowercase: no Get
 
 // heldBelow reports whether an answer's trailer says that a layer below
 // held the call back in its overload controller's line
@@ -357,14 +356,14 @@ func gaveUpBelow(md metadata.MD) bool { return len(md[wire.GaveUpKey]) > 0 } // 
 // this target.
 func heldBelow(md metadata.MD) bool { return len(md[wire.HeldBelowKey]) > 0 }
 
-// judgedBelow reports whether a failed attempt's trailer says "do not
-// retry" because a layer below gave up (gaveUpBelow beside a stopping
-// pushback): the server answered, and the protection of the layer below
+// gaveUpBelow reports whether a failed attempt's trailer says "do not
+// retry" because a layer below gave up (the herdguard-gave-up key beside
+// a stopping pushback): the server answered, and the protection of the layer below
 // acted. It says nothing of this target's load, and the overload
 // controller does not count it: pacing here too would hold back, on the
 // evidence of another layer's, calls the layer below already paces.
-func judgedBelow(md metadata.MD) bool {
-	if !gaveUpBelow(md) {
+func gaveUpBelow(md metadata.MD) bool {
+	if !hasGaveUpKey(md) {
 		return false
 	}
 	_, ok, present := pushback(md)

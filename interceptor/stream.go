@@ -91,21 +91,21 @@ type retryStream struct {
 	// that every operation waits for the new attempt (a hedge, which runs
 	// beside others, opens without it); it is never held while the
 	// caller's SendMsg or RecvMsg runs on an attempt.
-	mu           sync.Mutex
-	a            *streamAttempt
-	attempts     int
-	numbers      retryNumbers
-	bs           backoffState
-	waitTimer    clock.Timer // bs.timer: the backoff's timer, made on the first wait
-	committed    bool
-	answered     bool // the server answered the current attempt (headers, a message, or an OK end)
-	overflow     bool
-	closeSent    bool
-	finished     bool
-	err          error // the final error once finished; nil: ended OK
-	outcome      Outcome
-	idleDeadline bool // the deadline ran out while no attempt was in flight
-	gaveUpBelow  bool // it stopped on a "do not retry" from a layer below that gave up (the herdguard-gave-up trailer)
+	mu          sync.Mutex
+	a           *streamAttempt
+	attempts    int
+	numbers     retryNumbers
+	bs          backoffState
+	waitTimer   clock.Timer // bs.timer: the backoff's timer, made on the first wait
+	committed   bool
+	answered    bool // the server answered the current attempt (headers, a message, or an OK end)
+	overflow    bool
+	closeSent   bool
+	finished    bool
+	err         error // the final error once finished; nil: ended OK
+	outcome     Outcome
+	notInFlight bool // the deadline ran out while no attempt was in flight
+	gaveUpBelow bool // it stopped on a "do not retry" from a layer below that gave up (the herdguard-gave-up trailer)
 	// breakerDone hears the stream's verdict, once: when the server first
 	// answers, or when the stream ends. nil without a breaker or once told.
 	breakerDone  func(herdguard.Verdict)
@@ -389,7 +389,7 @@ func (s *retryStream) Header() (metadata.MD, error) {
 					s.answeredLocked()
 					end = nil
 				}
-				s.belowLocked(a, end)
+				s.gaveUpBelowLocked(a, end)
 				s.finishUnlock(end, true)
 				return stepDone, nil
 			}

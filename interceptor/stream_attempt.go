@@ -42,9 +42,9 @@ type streamAttempt struct {
 	// not the server's: a SendMsg that gRPC or a later interceptor refused.
 	// Guarded by the stream's mu.
 	clientErr bool
-	// judgedBelow is true when its trailer said a layer below gave up
-	// (judgedBelow). Guarded by the stream's mu.
-	judgedBelow bool
+	// gaveUpBelow is true when its trailer said a layer below gave up
+	// (gaveUpBelow). Guarded by the stream's mu.
+	gaveUpBelow bool
 	span        trace.Span
 	// notSent is why the overload controller did not let the attempt go
 	// (shed, or the context ended while it waited); it never opened.
@@ -73,7 +73,7 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 		// never not at all.
 		back = false
 		if err := s.ic.pause(s.ctx, s.tracer, &s.bs, s.attempts+1, s.skipped); err != nil {
-			s.idleDeadline = true
+			s.notInFlight = true
 			return &streamAttempt{n: s.attempts + 1, notSent: err}, err
 		}
 	}
@@ -191,12 +191,12 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 			end.headers = md != nil
 			if !end.headers {
 				end.trailer = a.cs.Trailer()
-				a.judgedBelow = end.err != nil && judgedBelow(end.trailer)
+				a.gaveUpBelow = end.err != nil && gaveUpBelow(end.trailer)
 			} else {
 				// Committed: the failure stands as it is (decide), but a
 				// layer below's give-up is counted by neither the breaker
 				// nor the overload controller.
-				a.judgedBelow = a.judgedBelowOnceOver(end.err)
+				a.gaveUpBelow = a.gaveUpBelowOnceOver(end.err)
 			}
 		}
 		if end.headers {
@@ -208,14 +208,14 @@ func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 		last = end.err
 		d := s.ic.decide(s.ctx, s.p, &s.bs, s.maxAttempts, end)
 		if !d.retry {
-			s.outcome, s.gaveUpBelow = d.outcome, d.gaveUpBelow || a.judgedBelow
+			s.outcome, s.gaveUpBelow = d.outcome, d.gaveUpBelow || a.gaveUpBelow
 			return d.err
 		}
 		s.back, s.skipped = inLine(s.ctl, d, end.err), d // the controller's line replaces the backoff wait
 		if !s.back {
 			if perr := s.ic.pause(s.ctx, s.tracer, &s.bs, a.n+1, d); perr != nil {
 				s.outcome = contextOutcome(s.ctx.Err())
-				s.idleDeadline = true
+				s.notInFlight = true
 				return perr
 			}
 		}
@@ -272,14 +272,14 @@ func (a *streamAttempt) recv(m any) error {
 	return err
 }
 
-// judgedBelowOnceOver reports whether a, which ended with err after the
+// gaveUpBelowOnceOver reports whether a, which ended with err after the
 // stream committed to it, was failed by a layer below's give-up
-// (judgedBelow): the answer cannot be retried, but it is no evidence
+// (gaveUpBelow): the answer cannot be retried, but it is no evidence
 // against this target either. The trailer is read only once a RecvMsg on
 // a has reported the end (gRPC's contract for Trailer); before that, or
 // for the client's own error, it reports false.
-func (a *streamAttempt) judgedBelowOnceOver(err error) bool {
-	return err != nil && err != io.EOF && a.cs != nil && !a.clientErr && a.over.Load() && judgedBelow(a.cs.Trailer())
+func (a *streamAttempt) gaveUpBelowOnceOver(err error) bool {
+	return err != nil && err != io.EOF && a.cs != nil && !a.clientErr && a.over.Load() && gaveUpBelow(a.cs.Trailer())
 }
 
 // The fates of a stream attempt under a per-attempt timeout.
@@ -321,6 +321,6 @@ func (s *retryStream) notSentLocked(a *streamAttempt, last error) error {
 		return shedError(a.n, last, a.notSent)
 	}
 	s.outcome = contextOutcome(s.ctx.Err())
-	s.idleDeadline = true
+	s.notInFlight = true
 	return a.notSent
 }

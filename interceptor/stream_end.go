@@ -120,14 +120,14 @@ func (s *retryStream) recvCommitted(a *streamAttempt, m any) error {
 // recvDone records what a RecvMsg on a that is not retried returned, and
 // ends the stream once it is over. A committed stream's failure is
 // returned as it is, on this RecvMsg and every later one; if a layer below
-// gave up (judgedBelowOnceOver), neither the breaker nor the overload
+// gave up (gaveUpBelowOnceOver), neither the breaker nor the overload
 // controller counts it.
 func (s *retryStream) recvDone(a *streamAttempt, err error) error {
 	s.mu.Lock()
 	if err == nil {
 		s.received++
 	}
-	s.belowLocked(a, err)
+	s.gaveUpBelowLocked(a, err)
 	if err == nil || err == io.EOF {
 		s.answeredLocked() // the breaker may not have heard yet (Context, overflow)
 	}
@@ -142,12 +142,12 @@ func (s *retryStream) recvDone(a *streamAttempt, err error) error {
 	return err
 }
 
-// belowLocked leaves the failure err of a, the attempt a committed stream
+// gaveUpBelowLocked leaves the failure err of a, the attempt a committed stream
 // ends with, out of the breaker's and the overload controller's counts
-// when a layer below gave up (judgedBelowOnceOver).
-func (s *retryStream) belowLocked(a *streamAttempt, err error) {
-	if a == s.a && !s.finished && a.judgedBelowOnceOver(err) {
-		a.judgedBelow, s.gaveUpBelow = true, true
+// when a layer below gave up (gaveUpBelowOnceOver).
+func (s *retryStream) gaveUpBelowLocked(a *streamAttempt, err error) {
+	if a == s.a && !s.finished && a.gaveUpBelowOnceOver(err) {
+		a.gaveUpBelow, s.gaveUpBelow = true, true
 	}
 }
 
@@ -196,7 +196,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 	if s.breakerDone != nil {
 		v := herdguard.Ignored // an idle stream at its deadline says nothing of the server
 		if !s.idleAtDeadlineLocked(err) {
-			v = s.ic.verdict(s.ctx, s.ctl, &callEnd{err: err, clientErr: a.clientErr, outcome: s.outcome, gaveUpBelow: s.gaveUpBelow, idle: s.idleDeadline || !a.ticket.live})
+			v = s.ic.verdict(s.ctx, s.ctl, &callEnd{err: err, clientErr: a.clientErr, outcome: s.outcome, gaveUpBelow: s.gaveUpBelow, notInFlight: s.notInFlight || !a.ticket.live})
 		}
 		s.breakerDone(v)
 		s.breakerDone = nil
@@ -272,7 +272,7 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		return
 	}
 	a.ended = true
-	e := attemptEnd{n: a.n, err: err, timedOut: a.expired(), below: a.judgedBelow, span: a.span}
+	e := attemptEnd{n: a.n, err: err, timedOut: a.expired(), gaveUpBelow: a.gaveUpBelow, span: a.span}
 	if err == nil && a.cs != nil && a.over.Load() {
 		e.trailer = a.cs.Trailer() // safe to read once a RecvMsg has ended the stream
 	}

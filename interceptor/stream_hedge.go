@@ -296,7 +296,7 @@ func (s *hedgedStream) watchHedge(a *streamAttempt) {
 // status, should it end now.
 func (s *hedgedStream) failedLocked(a *streamAttempt, err error) hedgeVerdict {
 	trailer := a.trailerIfOpen()
-	a.judgedBelow = err != nil && judgedBelow(trailer)
+	a.gaveUpBelow = err != nil && gaveUpBelow(trailer)
 	s.endAttemptLocked(a, err)
 	a.release()
 	v := s.sched.failedLocked(s.ctx, err, trailer, false, a.clientErr)

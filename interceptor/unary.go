@@ -161,9 +161,10 @@ type unaryCall struct {
 	// gaveUpBelow is true when the call ended on a server's "do not retry"
 	// that says a layer below gave up (the herdguard-gave-up trailer).
 	gaveUpBelow bool
-	// idle is true when the call's deadline ran out while no attempt was
-	// in flight: during a backoff wait, or before an attempt started.
-	idle bool
+	// notInFlight is true when the call's deadline ran out while no
+	// attempt was in flight: during a backoff wait, or before an attempt
+	// started.
+	notInFlight bool
 	// clientErr is true when the call ended with the client's own error.
 	clientErr bool
 	// hedged is true when the call is hedged; hedges is how many hedges it
@@ -239,7 +240,7 @@ func (ic *Interceptor) unary(ctx context.Context, method string, req, reply any,
 				maxAttempts = 1
 			}
 			err = c.call(ctx, maxAttempts)
-			return ic.verdict(ctx, c.ctl, &callEnd{err: err, clientErr: c.clientErr, outcome: c.outcome, gaveUpBelow: c.gaveUpBelow, idle: c.idle})
+			return ic.verdict(ctx, c.ctl, &callEnd{err: err, clientErr: c.clientErr, outcome: c.outcome, gaveUpBelow: c.gaveUpBelow, notInFlight: c.notInFlight})
 		})
 		if berr != nil {
 			err, c.outcome = berr, refusalOutcome(berr)
@@ -299,15 +300,15 @@ type callEnd struct {
 	clientErr   bool    // err is the client's own
 	outcome     Outcome // the call's outcome
 	gaveUpBelow bool    // it gave up because a layer below gave up
-	// idle: no attempt was in flight when its deadline ran out.
-	idle bool
+	// notInFlight: no attempt was in flight when its deadline ran out.
+	notInFlight bool
 }
 
 // verdict is what a finished call tells the breaker, for unary calls and
 // streams alike. The client's own error, a call the overload controller
 // shed and a layer below's give-up say nothing of the server. The caller's
 // own cancellation says nothing either, nor does a deadline that ran
-// out while no attempt was in flight (idle); a deadline that ran out while
+// out while no attempt was in flight (notInFlight); a deadline that ran out while
 // an attempt was in flight says the server did not answer in time, and the
 // breaker's Verdict (by default herdguard.BreakerVerdict's table) judges the
 // call's error as it judges any other. A call that failed while the
@@ -322,7 +323,7 @@ type callEnd struct {
 // RESOURCE_EXHAUSTED with a google.rpc.QuotaFailure) says nothing of the
 // server either.
 func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, e *callEnd) herdguard.Verdict {
-	err, idle := e.err, e.idle
+	err := e.err
 	if err == nil {
 		return herdguard.Success
 	}
@@ -332,7 +333,7 @@ func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, e *c
 	switch ctx.Err() {
 	case nil:
 	case context.DeadlineExceeded:
-		if idle {
+		if e.notInFlight {
 			return herdguard.Ignored
 		}
 	default:
@@ -345,7 +346,7 @@ func (ic *Interceptor) verdict(ctx context.Context, ctl *pacing.Controller, e *c
 }
 
 // run makes the call's attempts, waiting between them, and returns the
-// call's error. It sets c.attempts, c.outcome and c.idle.
+// call's error. It sets c.attempts, c.outcome and c.notInFlight.
 func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 	var (
 		bs      = backoffState{timer: &c.buf.timer, method: c.method, target: c.target, lim: c.lim, unsafe: c.unsafe, ctl: c.ctl}
@@ -364,7 +365,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 			// says, never not at all.
 			back = false
 			if err := c.ic.pause(ctx, c.tracer, &bs, attempt, c.buf.skipped); err != nil {
-				c.outcome, c.idle = contextOutcome(ctx.Err()), true
+				c.outcome, c.notInFlight = contextOutcome(ctx.Err()), true
 				return err
 			}
 		}
@@ -383,7 +384,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 		c.attempt(actx, attempt, &end)
 		c.ic.finish(ctx, c.method, c.target, &t, &end, false, false)
 		if !t.live {
-			c.idle = true // it never went out
+			c.notInFlight = true // it never went out
 		}
 		last = end.err
 		if end.err == nil {
@@ -402,7 +403,7 @@ func (c *unaryCall) run(ctx context.Context, maxAttempts int) error {
 			continue
 		}
 		if err := c.ic.pause(ctx, c.tracer, &bs, attempt+1, d); err != nil {
-			c.outcome, c.idle = contextOutcome(ctx.Err()), true
+			c.outcome, c.notInFlight = contextOutcome(ctx.Err()), true
 			return err
 		}
 	}
@@ -415,7 +416,7 @@ func (c *unaryCall) notSent(ctx context.Context, n int, last, err error) error {
 		c.outcome = OutcomeShed
 		return shedError(n, last, err)
 	}
-	c.outcome, c.idle = contextOutcome(ctx.Err()), true
+	c.outcome, c.notInFlight = contextOutcome(ctx.Err()), true
 	return err
 }
 
