@@ -59,7 +59,8 @@
 // them ([WithTracerProvider], [WithMeterProvider]); no span or metric work
 // is done while they record nothing. Off until asked for: retry throttling
 // and budgets, hedging, idempotency gates and keys, the fleet's shared
-// breaker (breaker.Settings.Fleet).
+// breaker (breaker.Settings.Fleet), hooks ([WithHooks]) and logs
+// ([WithLogger]), a policy's RetryIf.
 //
 // # Order
 //
