@@ -102,7 +102,7 @@ func (c *unaryCall) hedge(ctx context.Context, maxAttempts int, t *ticket) error
 	h := c.ic.hedgeCalls.Get().(*hedgeCall)
 	defer h.release(c.ic)
 	h.c, h.ctx = *c, ctx
-	h.sched.startLocked(c.ic, c.p, c.method, c.target, c.ic.hedgeRulesFor(c.p, c.method, c.target, c.lim, c.breaker, maxAttempts))
+	h.sched.startLocked(c.ic, c.p, c.ic.hedgeRulesFor(c.p, c.method, c.target, c.lim, c.breaker, maxAttempts))
 	h.attempts = h.inline[:0]
 	n := len(c.buf.opts) - catchers
 	h.opts, h.want = splitCatchers(c.buf.opts[:n:n]) // capped: appends must not write over the catchers
@@ -299,6 +299,9 @@ func (h *hedgeCall) sendLocked() {
 
 // attemptsLocked tells the hedger the attempts sent and in flight.
 func (h *hedgeCall) attemptsLocked() (sent, inFlight int) { return len(h.attempts), h.outstanding }
+
+// names tells the hedger the call's method and target.
+func (h *hedgeCall) names() (method, target string) { return h.c.method, h.c.target }
 
 // onTimer is the timer's callback: the hedging delay, or a pushback's,
 // passed.

@@ -46,12 +46,11 @@ import (
 // the next hedge at once, as A6 says of non-fatal failures.
 type hedger struct {
 	hedgeRules
-	ic           *Interceptor
-	p            *resolved
-	meth, target string
-	call         hedgeDriver
-	fire         func()          // the caller's timer callback
-	wg           *sync.WaitGroup // counts the timer's callbacks scheduled or running; nil: not counted
+	ic   *Interceptor
+	p    *resolved
+	call hedgeDriver
+	fire func()          // the caller's timer callback
+	wg   *sync.WaitGroup // counts the timer's callbacks scheduled or running; nil: not counted
 
 	// Guarded by the caller's lock.
 	timer       clock.Timer
@@ -70,6 +69,8 @@ type hedgeDriver interface {
 	// attemptsLocked returns how many attempts the call has sent (or is
 	// opening), and how many of those are still in flight.
 	attemptsLocked() (sent, inFlight int)
+	// names returns the call's method and target, for its metrics.
+	names() (method, target string)
 }
 
 // hedgeStep is what a hedger tells its caller to do.
@@ -92,8 +93,8 @@ type hedgeVerdict struct {
 
 // startLocked readies h for a call to method under p with rules r. What
 // identifies the caller (call, fire, wg) and the timer are kept.
-func (h *hedger) startLocked(ic *Interceptor, p *resolved, method, target string, r hedgeRules) {
-	*h = hedger{hedgeRules: r, ic: ic, p: p, meth: method, target: target, call: h.call, fire: h.fire, wg: h.wg, timer: h.timer}
+func (h *hedger) startLocked(ic *Interceptor, p *resolved, r hedgeRules) {
+	*h = hedger{hedgeRules: r, ic: ic, p: p, call: h.call, fire: h.fire, wg: h.wg, timer: h.timer}
 }
 
 // armLocked sets the timer to send the next hedge after d, if another may
@@ -159,7 +160,8 @@ func (h *hedger) nextLocked(ctx context.Context) hedgeVerdict {
 	if sent > 0 {
 		if kind := h.refusal(); kind != "" {
 			h.refused = kind
-			h.ic.metering.refusal(ctx, h.meth, h.target, kind)
+			method, target := h.call.names()
+			h.ic.metering.refusal(ctx, method, target, kind)
 			return h.stopLocked(ctx)
 		}
 		h.notBefore = time.Time{} // the pushback's wait, if any, is over

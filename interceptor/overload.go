@@ -57,9 +57,11 @@ type targetController struct {
 // ticket before it goes and is finished once when it ends.
 type ticket struct {
 	ctl *pacing.Controller // nil: no overload control
-	// asked and sent are when the attempt asked the controller and when it
-	// went, while the controller paced (zero: sent while calm, not timed).
-	asked, sent time.Time
+	// sent is when the attempt went, and held how long it waited in the
+	// controller's line first, while the controller paced (zero: sent
+	// while calm, not timed).
+	sent time.Time
+	held time.Duration
 	// live: the call's context was alive when it went. One whose context
 	// was over before it went out was never sent, and says nothing of the
 	// server's load.
@@ -85,15 +87,16 @@ func (ic *Interceptor) take(ctx context.Context, tracer trace.Tracer, ctl *pacin
 	// long an attempt that timed out waited in its line; while calm, the
 	// clock is not read.
 	if ctl == nil {
-		t.live = ctx.Err() == nil // t.ctl, asked and sent stay zero
+		t.live = ctx.Err() == nil // t.ctl, sent and held stay zero
 		return nil
 	}
 	t.ctl, t.untimed = ctl, false
 	timed := place != pacing.Aside && paces(ctl)
+	var asked time.Time
 	if timed {
-		t.asked = ic.clock.Now()
+		asked = ic.clock.Now()
 	} else {
-		t.sent, t.live = time.Time{}, ctx.Err() == nil // asked is read only with sent
+		t.sent, t.held, t.live = time.Time{}, 0, ctx.Err() == nil
 		if !t.live {
 			return nil // never sent: not counted
 		}
@@ -104,6 +107,7 @@ func (ic *Interceptor) take(ctx context.Context, tracer trace.Tracer, ctl *pacin
 	}
 	if timed {
 		t.sent, t.live = ic.clock.Now(), ctx.Err() == nil
+		t.held = t.sent.Sub(asked)
 	}
 	if err != nil {
 		t.live = false // it never goes
@@ -190,7 +194,7 @@ func (t *ticket) outcome(ctx context.Context, clk clock.Clock, e *attemptEnd) (o
 	case e.idle:
 		return pacing.Ignored, 0, true
 	}
-	if o, ok := timeoutOutcome(ctx, e.err, e.timedOut, t.asked, t.sent, clk); ok {
+	if o, ok := timeoutOutcome(ctx, e.err, e.timedOut, t.held, t.sent, clk); ok {
 		return o, 0, true
 	}
 	if quotaFailure(e.err) { // the caller's quota, not the server's load
@@ -225,8 +229,8 @@ func shedError(n int, last, shed error) error {
 }
 
 // timeoutOutcome reports (ok) whether an attempt of the call whose context
-// is ctx, which asked the controller at asked and was sent at sent (zero:
-// sent while calm), ended with err because the call's deadline passed
+// is ctx, which waited held in the controller's line and was sent at sent
+// (zero: sent while calm), ended with err because the call's deadline passed
 // while it was in flight: not its own PerAttemptTimeout (perAttempt), nor
 // an error that is not DeadlineExceeded. Such an attempt is Late (the
 // server did not answer in time), unless it waited in the line longer than
@@ -239,7 +243,7 @@ func shedError(n int, last, shed error) error {
 // within deadlineSlack of it: the server holds its own copy of the
 // deadline, and under load its timer can fire, and its DeadlineExceeded
 // arrive, before the context's own timer has run.
-func timeoutOutcome(ctx context.Context, err error, perAttempt bool, asked, sent time.Time, clk clock.Clock) (pacing.Outcome, bool) {
+func timeoutOutcome(ctx context.Context, err error, perAttempt bool, held time.Duration, sent time.Time, clk clock.Clock) (pacing.Outcome, bool) {
 	if sent.IsZero() || perAttempt || status.Code(err) != codes.DeadlineExceeded {
 		return pacing.Ignored, false
 	}
@@ -247,7 +251,7 @@ func timeoutOutcome(ctx context.Context, err error, perAttempt bool, asked, sent
 	if !ok || ctx.Err() != context.DeadlineExceeded && dl.Sub(clk.Now()) > deadlineSlack {
 		return pacing.Ignored, false
 	}
-	if sent.Sub(asked) > dl.Sub(sent) {
+	if held > dl.Sub(sent) {
 		return pacing.Ignored, true
 	}
 	return pacing.Late, true

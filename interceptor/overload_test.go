@@ -681,7 +681,7 @@ func TestOverloadTimeoutAtTheEdgeOfItsDeadline(t *testing.T) {
 			}
 			ctx, asked := fakeDeadline{ended, sent.Add(tc.left)}, sent.Add(-tc.held)
 			clk.Advance(tc.inFlight)
-			o, ok := timeoutOutcome(ctx, timedOut, tc.perAttempt, asked, sent, clk)
+			o, ok := timeoutOutcome(ctx, timedOut, tc.perAttempt, sent.Sub(asked), sent, clk)
 			if ok != tc.atDeadline || ok && o != tc.want {
 				t.Errorf("timeoutOutcome = %v, %v; want %v, %v", o, ok, tc.want, tc.atDeadline)
 			}
@@ -712,7 +712,7 @@ func attemptTimes(t *testing.T, cs grpc_testing.TestService_StreamingOutputCallC
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	return rs.a.ticket.asked, rs.a.ticket.sent
+	return rs.a.ticket.sent.Add(-rs.a.ticket.held), rs.a.ticket.sent
 }
 
 // A server that refuses a share of a wave at once and answers the rest a
@@ -929,7 +929,7 @@ func TestTicketOutcome(t *testing.T) {
 		held     = metadata.MD{wire.HeldBelowKey: {"1"}}
 		sent     = clk.Now().Add(-30 * time.Millisecond)
 		calm     = ticket{ctl: ctl, live: true}
-		paced    = ticket{ctl: ctl, live: true, asked: sent.Add(-time.Millisecond), sent: sent}
+		paced    = ticket{ctl: ctl, live: true, held: time.Millisecond, sent: sent}
 	)
 	for _, tc := range []struct {
 		name string

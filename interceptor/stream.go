@@ -64,16 +64,15 @@ type retryStream struct {
 	desc     *grpc.StreamDesc
 	cc       *grpc.ClientConn
 	method   string
-	target   string        // cc.Target()
 	onFinish []func(error) // the caller's grpc.OnFinish, run once at the end
 	streamer grpc.Streamer
 	opts     []grpc.CallOption
 	limit    int
 	probe    bool
-	// ctl is the target's overload controller (nil: off); back puts the
-	// next attempt at the back of its line (see inLine).
-	ctl     *pacing.Controller
+	// back puts the next attempt at the back of the overload controller's
+	// line (see inLine); ctl is the target's controller (nil: off).
 	back    bool
+	ctl     *pacing.Controller
 	skipped decision // the backoff wait a retry in line skipped
 	// breaker is the stream's breaker (nil without one).
 	breaker *breaker.Breaker
@@ -91,26 +90,26 @@ type retryStream struct {
 	// that every operation waits for the new attempt (a hedge, which runs
 	// beside others, opens without it); it is never held while the
 	// caller's SendMsg or RecvMsg runs on an attempt.
-	mu          sync.Mutex
-	a           *streamAttempt
-	attempts    int
-	numbers     retryNumbers
-	bs          backoffState
-	waitTimer   clock.Timer // bs.timer: the backoff's timer, made on the first wait
-	committed   bool
-	answered    bool // the server answered the current attempt (headers, a message, or an OK end)
-	overflow    bool
-	closeSent   bool
-	finished    bool
-	err         error // the final error once finished; nil: ended OK
-	outcome     Outcome
-	notInFlight bool // the deadline ran out while no attempt was in flight
-	gaveUpBelow bool // it stopped on a "do not retry" from a layer below that gave up (the herdguard-gave-up trailer)
+	mu           sync.Mutex
+	a            *streamAttempt
+	attempts     int
+	numbers      retryNumbers
+	bs           backoffState
+	waitTimer    clock.Timer // bs.timer: the backoff's timer, made on the first wait
+	committed    bool
+	answered     bool // the server answered the current attempt (headers, a message, or an OK end)
+	overflow     bool
+	closeSent    bool
+	finished     bool
+	err          error // the final error once finished; nil: ended OK
+	outcome      Outcome
+	notInFlight  bool          // the deadline ran out while no attempt was in flight
+	gaveUpBelow  bool          // it stopped on a "do not retry" from a layer below that gave up (the herdguard-gave-up trailer)
+	breakerState breaker.State // as last seen, to record changes as span events; beside the bools, so that the stream fits its size class
 	// breakerDone hears the stream's verdict, once: when the server first
 	// answers, or when the stream ends. nil without a breaker or once told.
-	breakerDone  func(herdguard.Verdict)
-	breakerState breaker.State // as last seen, to record changes as span events
-	unwatch      func() bool   // stops watching the caller's context
+	breakerDone func(herdguard.Verdict)
+	unwatch     func() bool // stops watching the caller's context
 	// ended is done once the stream's end is recorded (the call span
 	// ended, the call counted). A goroutine that finds the stream ended by
 	// another, as when the caller's context ends and the watcher ends it,
@@ -133,7 +132,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	}
 	opts, finish := splitOnFinish(opts)
 	target := targetOf(cc)
-	s := &retryStream{ic: ic, p: p, tracer: ic.tracing.tracer(), desc: desc, cc: cc, method: method, target: target,
+	s := &retryStream{ic: ic, p: p, tracer: ic.tracing.tracer(), desc: desc, cc: cc, method: method,
 		streamer: streamer, opts: opts, limit: limit, onFinish: finish}
 	s.ended.Add(1)
 	if s.tracer != nil {

@@ -82,7 +82,7 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 		place = pacing.Back
 	}
 	a := &streamAttempt{n: s.attempts + 1}
-	if err := s.ic.take(s.ctx, s.tracer, s.ctl, s.method, s.target, a.n, place, &a.ticket); err != nil {
+	if err := s.ic.take(s.ctx, s.tracer, s.ctl, s.method, s.bs.target, a.n, place, &a.ticket); err != nil {
 		a.notSent = err
 		return a, err
 	}

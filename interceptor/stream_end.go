@@ -221,9 +221,9 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 		s.bs.succeeded()
 	}
 	s.endSpan(err)
-	s.ic.metering.call(s.ctx, s.method, s.target, s.outcome)
+	s.ic.metering.call(s.ctx, s.method, s.bs.target, s.outcome)
 	if err != nil && s.ic.events.on {
-		s.ic.gaveUp(s.ctx, s.method, s.target, s.outcome, attempts, err)
+		s.ic.gaveUp(s.ctx, s.method, s.bs.target, s.outcome, attempts, err)
 	}
 	finished(s.onFinish, err)
 	s.ended.Done()
@@ -281,7 +281,7 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 		e.idle = s.idleAtDeadlineLocked(err)
 	}
 	hedge, won := s.hedged.roleOf(a.n)
-	s.ic.finish(s.ctx, s.method, s.target, &a.ticket, &e, hedge, won)
+	s.ic.finish(s.ctx, s.method, s.bs.target, &a.ticket, &e, hedge, won)
 }
 
 func (s *retryStream) endSpan(err error) {

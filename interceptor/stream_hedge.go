@@ -60,7 +60,7 @@ func (s *retryStream) startHedged() (grpc.ClientStream, error) {
 	s.opts, h.want = splitCatchers(s.opts)
 	h.changed = sync.NewCond(&s.mu)
 	h.sched.call, h.sched.fire = h, h.onTimer
-	h.sched.startLocked(s.ic, s.p, s.method, s.target, s.ic.hedgeRulesFor(s.p, s.method, s.target, s.bs.lim, s.breaker, s.maxAttempts))
+	h.sched.startLocked(s.ic, s.p, s.ic.hedgeRulesFor(s.p, s.method, s.bs.target, s.bs.lim, s.breaker, s.maxAttempts))
 	s.hedged = h
 
 	s.mu.Lock()
@@ -83,6 +83,9 @@ func (s *retryStream) startHedged() (grpc.ClientStream, error) {
 func (s *hedgedStream) attemptsLocked() (sent, inFlight int) {
 	return s.attempts, len(s.live) + len(s.opening)
 }
+
+// names tells the hedger the stream's method and target.
+func (s *hedgedStream) names() (method, target string) { return s.method, s.bs.target }
 
 // goLocked does what the hedger said (v), until the stream waits: the
 // first attempt opens here, under the lock, before anything else runs on
@@ -161,7 +164,7 @@ func (s *hedgedStream) onTimer() {
 func (s *hedgedStream) readyHedgeLocked() *streamAttempt {
 	s.attempts++
 	a := &streamAttempt{n: s.attempts}
-	_ = s.ic.take(s.ctx, nil, s.ctl, s.method, s.target, a.n, pacing.Aside, &a.ticket) // a hedge goes only while calm: never held
+	_ = s.ic.take(s.ctx, nil, s.ctl, s.method, s.bs.target, a.n, pacing.Aside, &a.ticket) // a hedge goes only while calm: never held
 	a.ticket.untimed = true
 	if s.sched.window != nil {
 		a.started = s.ic.clock.Now()
