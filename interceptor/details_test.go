@@ -34,6 +34,18 @@ func withDetails(t *testing.T, c codes.Code, details ...*errdetails.RetryInfo) e
 	return st.Err()
 }
 
+// quotaExceeded is a RESOURCE_EXHAUSTED with a google.rpc.QuotaFailure: a
+// caller over its own quota.
+func quotaExceeded(t *testing.T) error {
+	t.Helper()
+	st, err := status.New(codes.ResourceExhausted, "quota exceeded").WithDetails(
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: "tenant:a", Description: "600/s over 100/s"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Err()
+}
+
 func retryInfo(d time.Duration) *errdetails.RetryInfo {
 	return &errdetails.RetryInfo{RetryDelay: durationpb.New(d)}
 }
@@ -100,13 +112,9 @@ func TestQuotaFailureIsTheCallersOwn(t *testing.T) {
 	for _, quota := range []bool{true, false} {
 		name := map[bool]string{true: "QuotaFailure", false: "no detail (control)"}[quota]
 		t.Run(name, func(t *testing.T) {
-			refusal := status.New(codes.ResourceExhausted, "quota exceeded")
+			refusal := status.Convert(status.Error(codes.ResourceExhausted, "quota exceeded"))
 			if quota {
-				var err error
-				refusal, err = refusal.WithDetails(&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: "tenant:a", Description: "600/s over 100/s"}}})
-				if err != nil {
-					t.Fatal(err)
-				}
+				refusal = status.Convert(quotaExceeded(t))
 			}
 			var others atomic.Int32
 			srv := testserver.Start(t, &testserver.Server{Unary: func(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {

@@ -173,8 +173,6 @@ func (ic *Interceptor) finish(ctx context.Context, method, target string, t *tic
 //     server for an answer (an idle stream, see idleAtDeadlineLocked).
 //   - One the call's deadline ended in flight is late, unless it waited
 //     in the line longer than it then had left (see timeoutOutcome).
-//   - A caller's quota running out (a RESOURCE_EXHAUSTED with a
-//     google.rpc.QuotaFailure) says nothing of the load.
 //   - Any other end is what its code says (loadOutcome).
 func (t *ticket) outcome(ctx context.Context, clk clock.Clock, e *attemptEnd) (o pacing.Outcome, took time.Duration, ok bool) {
 	switch {
@@ -196,9 +194,6 @@ func (t *ticket) outcome(ctx context.Context, clk clock.Clock, e *attemptEnd) (o
 	}
 	if o, ok := timeoutOutcome(ctx, e.err, e.timedOut, t.held, t.sent, clk); ok {
 		return o, 0, true
-	}
-	if quotaFailure(e.err) { // the caller's quota, not the server's load
-		return pacing.Ignored, 0, true
 	}
 	return loadOutcome(e.err), 0, true
 }
@@ -268,7 +263,10 @@ const deadlineSlack = time.Millisecond
 // error, or any code the server answered with, is an answer; Unavailable
 // and ResourceExhausted are refusals for load (Overloaded), and
 // DeadlineExceeded (the server did not answer in time) is Late, unless the
-// client made them itself; a cancellation says nothing.
+// client made them itself; a cancellation says nothing, and neither does
+// a caller's quota running out (ResourceExhausted with a
+// google.rpc.QuotaFailure). Both what the controller is told and whether a
+// retry waits in its line (inLine) read it.
 func loadOutcome(err error) pacing.Outcome {
 	if err == nil {
 		return pacing.Answered
@@ -280,6 +278,8 @@ func loadOutcome(err error) pacing.Outcome {
 			return pacing.Ignored
 		case c == codes.DeadlineExceeded:
 			return pacing.Late
+		case c == codes.ResourceExhausted && detailsOf(err).quota:
+			return pacing.Ignored // the caller's quota, not the server's load
 		}
 		return pacing.Overloaded
 	case codes.Canceled:

@@ -44,6 +44,7 @@ func TestLoadOutcome(t *testing.T) {
 		{status.Error(codes.DeadlineExceeded, "slow"), pacing.Late},
 		{status.Error(codes.ResourceExhausted, "trying to send message larger than max (9 vs. 1)"), pacing.Ignored},
 		{status.Error(codes.Canceled, "caller"), pacing.Ignored},
+		{quotaExceeded(t), pacing.Ignored},
 	} {
 		if got := loadOutcome(tc.err); got != tc.want {
 			t.Errorf("loadOutcome(%v) = %v, want %v", tc.err, got, tc.want)
@@ -882,6 +883,7 @@ func TestInLineLeavesPushbacksToTheServer(t *testing.T) {
 		{"pushback after a refusal", decision{retry: true, pushback: true, jitter: "pushback"}, refused, false},
 		{"a pushback whatever its name", decision{retry: true, pushback: true, jitter: "full"}, refused, false},
 		{"backoff after an answer", decision{retry: true, jitter: "full"}, status.Error(codes.Internal, "bug"), false},
+		{"backoff after a caller's quota ran out", decision{retry: true, jitter: "full"}, quotaExceeded(t), false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := inLine(ctl, tt.d, tt.err); got != tt.want {
@@ -950,6 +952,7 @@ func TestTicketOutcome(t *testing.T) {
 		{"a refusal with a trailer held below", calm, nil, attemptEnd{err: refused, trailer: held}, pacing.Overloaded, 0, true},
 		{"an answer with another code", calm, nil, attemptEnd{err: status.Error(codes.NotFound, "no")}, pacing.Answered, 0, true},
 		{"the caller's cancellation", calm, nil, attemptEnd{err: status.Error(codes.Canceled, "cancelled")}, pacing.Ignored, 0, true},
+		{"a caller's quota ran out", calm, nil, attemptEnd{err: quotaExceeded(t)}, pacing.Ignored, 0, true},
 		{"a give-up below, in the trailer", calm, nil, attemptEnd{err: refused, trailer: gaveUp}, pacing.Below, 0, true},
 		{"a give-up below, read before the end", calm, nil, attemptEnd{err: refused, gaveUpBelow: true}, pacing.Below, 0, true},
 		{"a stream answered, then its deadline", paced, expired, attemptEnd{err: timedOut, answered: true}, pacing.Answered, 0, true},
