@@ -111,16 +111,19 @@ func (f *fleet) trace(from, to time.Duration) {
 				srv = "DOWN"
 			}
 			paced, coll := 0, 0
+			var rates, targets float64
 			for _, o := range f.ctls[1:] {
 				if o.pacing.Load() {
 					paced++
+					rates += o.ep.rate
+					targets += o.ep.target
 					if o.ep.collapsed {
 						coll++
 					}
 				}
 			}
-			fmt.Printf("paced=%3d coll=%3d t=%5.2f arr=%4d %-4s pacing=%-5v coll=%-5v down=%-5v rate=%6.2f target=%6.2f known=%6.2f base=%.2f line=%4d setbacks=%d edf=%v\n",
-				paced, coll, t.Seconds(), arr, srv, c.pacing.Load(), ep.collapsed, ep.down, ep.rate, ep.target, c.known, c.base, len(c.line), ep.setbacks, c.edf)
+			fmt.Printf("Σrate=%5.1f Σtarget=%5.1f paced=%3d coll=%3d t=%5.2f arr=%4d %-4s pacing=%-5v coll=%-5v down=%-5v rate=%6.2f target=%6.2f known=%6.2f base=%.2f line=%4d setbacks=%d edf=%v\n",
+				rates, targets, paced, coll, t.Seconds(), arr, srv, c.pacing.Load(), ep.collapsed, ep.down, ep.rate, ep.target, c.known, c.base, len(c.line), ep.setbacks, c.edf)
 			c.mu.Unlock()
 		}
 		if t < to {
