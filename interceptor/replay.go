@@ -82,15 +82,11 @@ func (b *replayBuffer) message(i int) (proto.Message, int, error) {
 // release drops every message: the stream committed or ended.
 func (b *replayBuffer) release() { b.buf, b.ends, b.size = nil, nil, 0 }
 
-// bufferLocked keeps a copy of m, just sent, for replay; a message that
-// cannot be kept, or that outgrows the buffer, commits the stream.
-func (s *retryStream) bufferLocked(m any) {
-	if s.committed || s.finished {
-		return
-	}
-	if !s.replay.add(m, s.limit) {
-		s.commitLocked(true)
-	}
+// bufferLocked keeps a copy of m, just sent, for replay while the stream
+// is open. It reports false for a message that cannot be kept, or that
+// outgrows the buffer: the stream must commit.
+func (s *retryStream) bufferLocked(m any) bool {
+	return !s.state.isOpen() || s.replay.add(m, s.limit)
 }
 
 // streamBufferFor returns the replay buffer limit of a call.

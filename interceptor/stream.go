@@ -96,12 +96,11 @@ type retryStream struct {
 	numbers      retryNumbers
 	bs           backoffState
 	waitTimer    clock.Timer // bs.timer: the backoff's timer, made on the first wait
-	committed    bool
+	state        streamState
 	answered     bool // the server answered the current attempt (headers, a message, or an OK end)
-	overflow     bool
+	overflow     bool // the replay buffer overflowed, which committed the stream
 	closeSent    bool
-	finished     bool
-	err          error // the final error once finished; nil: ended OK
+	err          error // the final error once ended; nil: ended OK
 	outcome      Outcome
 	notInFlight  bool          // the deadline ran out while no attempt was in flight
 	gaveUpBelow  bool          // it stopped on a "do not retry" from a layer below that gave up (the herdguard-gave-up trailer)
@@ -123,6 +122,44 @@ type retryStream struct {
 }
 
 var _ grpc.ClientStream = (*retryStream)(nil)
+
+// streamState is where a stream is in its life. It only moves forward:
+//
+//	open ──commit──▶ committed ──end──▶ done
+//	  └──────────────────end──────────▶ ended
+//
+// A stream commits to its current attempt when the server answers it,
+// when the caller takes its Context or Trailer, or when the replay buffer
+// overflows; it ends once its final status is recorded (for the breaker,
+// the overload controller, the span and the metrics).
+type streamState uint8
+
+const (
+	// streamOpen: a failed attempt may be retried, and what the caller
+	// sends is kept for replay.
+	streamOpen streamState = iota
+	// streamCommitted: the stream is its current attempt's, whose errors
+	// reach the caller as they are.
+	streamCommitted
+	// streamEnded: ended before it committed; every operation reports its
+	// final status.
+	streamEnded
+	// streamDone: ended after it committed; the caller still reads the
+	// attempt to its end.
+	streamDone
+)
+
+func (st streamState) isOpen() bool      { return st == streamOpen }
+func (st streamState) isCommitted() bool { return st == streamCommitted || st == streamDone }
+func (st streamState) isEnded() bool     { return st >= streamEnded }
+
+// end is the state a stream in st moves to when it ends.
+func (st streamState) end() streamState {
+	if st.isCommitted() {
+		return streamDone
+	}
+	return streamEnded
+}
 
 func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	p, noRetry, err := ic.policyFor(method, opts)
@@ -228,7 +265,7 @@ func (s *retryStream) SendMsg(m any) error {
 	)
 	if rerr := s.withRetry(
 		func(a *streamAttempt) bool {
-			if !s.committed && !s.finished {
+			if s.state.isOpen() {
 				return false
 			}
 			s.mu.Unlock()
@@ -247,7 +284,9 @@ func (s *retryStream) SendMsg(m any) error {
 				return stepAgain, nil // another goroutine moved the stream on: send there
 			case err == nil:
 				s.sent++
-				s.bufferLocked(m)
+				if !s.bufferLocked(m) {
+					s.commitLocked(true)
+				}
 				s.mu.Unlock()
 				return stepDone, nil
 			case err != io.EOF:
@@ -258,7 +297,7 @@ func (s *retryStream) SendMsg(m any) error {
 				s.finishUnlock(err, true)
 				ret = err
 				return stepDone, nil
-			case s.committed || s.finished || headers || end == io.EOF:
+			case !s.state.isOpen() || headers || end == io.EOF:
 				// The server answered this attempt, or the stream committed
 				// or ended meanwhile: the stream stays with it, and RecvMsg
 				// tells how it ended.
@@ -284,11 +323,11 @@ func (s *retryStream) RecvMsg(m any) error {
 	if rerr := s.withRetry(
 		func(a *streamAttempt) bool {
 			switch {
-			case s.finished && (!s.committed || a.cs == nil):
+			case s.state == streamEnded || s.state == streamDone && a.cs == nil:
 				ret = s.finalLocked()
 				s.mu.Unlock()
 				s.ended.Wait()
-			case s.committed:
+			case s.state.isCommitted():
 				s.mu.Unlock()
 				ret = s.recvCommitted(a, m)
 			default:
@@ -299,7 +338,7 @@ func (s *retryStream) RecvMsg(m any) error {
 		func(a *streamAttempt) { err = a.recvFor(s.ctx, m) },
 		func(a *streamAttempt) (step, error) {
 			switch {
-			case a == s.a && !s.committed && !s.finished && err == nil && !a.keep():
+			case a == s.a && s.state.isOpen() && err == nil && !a.keep():
 				// The message came as the attempt's timeout fired: the
 				// timeout was first, and the message is not taken.
 				return stepRetry, errExpired()
@@ -315,9 +354,9 @@ func (s *retryStream) RecvMsg(m any) error {
 				}
 				ret = nil
 				return stepDone, nil
-			case a != s.a || s.finished:
+			case a != s.a || s.state.isEnded():
 				return stepAgain, nil // another goroutine moved the stream on
-			case s.committed || err == io.EOF:
+			case s.state.isCommitted() || err == io.EOF:
 				// It ended OK, or it committed meanwhile (Context, Trailer):
 				// no retry.
 				s.mu.Unlock()
@@ -345,7 +384,7 @@ func (s *retryStream) Header() (metadata.MD, error) {
 	)
 	if rerr := s.withRetry(
 		func(a *streamAttempt) bool {
-			if !s.committed && !s.finished {
+			if s.state.isOpen() {
 				return false
 			}
 			s.mu.Unlock()
@@ -372,16 +411,16 @@ func (s *retryStream) Header() (metadata.MD, error) {
 		},
 		func(a *streamAttempt) (step, error) {
 			switch {
-			case a != s.a || s.finished:
+			case a != s.a || s.state.isEnded():
 				return stepAgain, nil
-			case md != nil && !s.committed && !a.keep():
+			case md != nil && s.state.isOpen() && !a.keep():
 				return stepRetry, errExpired() // the timeout was first
 			case md != nil:
 				s.answeredLocked()
 				s.mu.Unlock()
 				retMD = md
 				return stepDone, nil
-			case s.committed || end == io.EOF:
+			case s.state.isCommitted() || end == io.EOF:
 				// A trailers-only OK, or the stream committed meanwhile: it
 				// is over, and RecvMsg tells how.
 				if end == io.EOF {

@@ -160,7 +160,7 @@ func (s *retryStream) watchHeaders(a *streamAttempt) {
 		return
 	}
 	s.mu.Lock()
-	if s.a == a && !s.finished && a.keep() {
+	if s.a == a && !s.state.isEnded() && a.keep() {
 		s.answeredLocked()
 	}
 	s.mu.Unlock()
@@ -174,7 +174,7 @@ func (s *retryStream) watchHeaders(a *streamAttempt) {
 func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
 	var last error // the last attempt's error
 	for {
-		if s.finished {
+		if s.state.isEnded() {
 			return s.err
 		}
 		if a.notSent != nil {

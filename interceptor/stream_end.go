@@ -17,7 +17,7 @@ import (
 // turn DeadlineExceeded into Canceled.
 func (s *retryStream) contextDone() {
 	s.mu.Lock()
-	if a := s.a; a != nil && a.cs != nil && !s.answered && !s.finished {
+	if a := s.a; a != nil && a.cs != nil && !s.answered && !s.state.isEnded() {
 		// Did the server answer with headers, unseen so far? With the
 		// context over, Header returns at once.
 		s.mu.Unlock()
@@ -33,10 +33,10 @@ func (s *retryStream) contextDone() {
 // commitLocked makes the current attempt final: no more retries, no more
 // buffering, no per-attempt timeout.
 func (s *retryStream) commitLocked(overflow bool) {
-	if s.committed {
+	if !s.state.isOpen() {
 		return
 	}
-	s.committed, s.overflow = true, overflow
+	s.state, s.overflow = streamCommitted, overflow
 	s.replay.release()
 	if t := s.a.timeout; t != nil {
 		t.Stop()
@@ -67,7 +67,7 @@ func (s *retryStream) answeredLocked() {
 // and returns that attempt.
 func (s *retryStream) commitNow() *streamAttempt {
 	s.mu.Lock()
-	if !s.finished {
+	if s.state.isOpen() {
 		s.commitLocked(false)
 	}
 	defer s.mu.Unlock()
@@ -146,7 +146,7 @@ func (s *retryStream) recvDone(a *streamAttempt, err error) error {
 // ends with, out of the breaker's and the overload controller's counts
 // when a layer below gave up (gaveUpBelowOnceOver).
 func (s *retryStream) gaveUpBelowLocked(a *streamAttempt, err error) {
-	if a == s.a && !s.finished && a.gaveUpBelowOnceOver(err) {
+	if a == s.a && !s.state.isEnded() && a.gaveUpBelowOnceOver(err) {
 		a.gaveUpBelow, s.gaveUpBelow = true, true
 	}
 }
@@ -166,12 +166,13 @@ func (s *retryStream) finalLocked() error {
 // not ended, with a current attempt that never opened. release is false
 // when the caller's context ended, which ends the current attempt by itself.
 func (s *retryStream) finishUnlock(err error, release bool) {
-	if s.finished {
+	if s.state.isEnded() {
 		s.mu.Unlock()
 		s.ended.Wait() // another goroutine is recording the end
 		return
 	}
-	s.finished, s.err = true, err
+	committed := s.state.isCommitted()
+	s.state, s.err = s.state.end(), err
 	a := s.a
 	if a == nil {
 		// No attempt was sent: the overload controller shed the first, or
@@ -186,7 +187,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 			s.outcome = OutcomeOK
 		case s.ctx.Err() != nil:
 			s.outcome = contextOutcome(s.ctx.Err())
-		case s.committed:
+		case committed:
 			s.outcome = OutcomeFailedAfterCommit
 		default:
 			s.outcome = OutcomeNotRetryable

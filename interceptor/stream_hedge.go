@@ -97,7 +97,7 @@ func (s *hedgedStream) names() (method, target string) { return s.method, s.bs.t
 // when the stream is over.
 func (s *hedgedStream) goLocked(v hedgeVerdict) (over bool, err error, next *streamAttempt) {
 	for {
-		if s.committed || s.finished {
+		if !s.state.isOpen() {
 			return false, nil, nil
 		}
 		switch v.step {
@@ -119,7 +119,7 @@ func (s *hedgedStream) goLocked(v hedgeVerdict) (over bool, err error, next *str
 		if a.notSent != nil {
 			return true, s.notSentLocked(a, nil), nil
 		}
-		if err == nil && s.committed {
+		if err == nil && s.state.isCommitted() {
 			s.commitToLocked(a, true, false) // it answered during its replay
 			return false, nil, nil
 		}
@@ -152,7 +152,7 @@ func (s *hedgedStream) goOnUnlock(v hedgeVerdict) {
 // passed.
 func (s *hedgedStream) onTimer() {
 	s.mu.Lock()
-	if s.committed || s.finished {
+	if !s.state.isOpen() {
 		s.mu.Unlock()
 		return
 	}
@@ -278,7 +278,7 @@ func (s *hedgedStream) watchHedge(a *streamAttempt) {
 		end, _ = a.learnEnd()
 	}
 	s.mu.Lock()
-	if s.committed || s.finished || !slices.Contains(s.live, a) {
+	if !s.state.isOpen() || !slices.Contains(s.live, a) {
 		s.mu.Unlock()
 		return
 	}
@@ -365,7 +365,7 @@ func (s *hedgedStream) endHedgingLocked(keep *streamAttempt) {
 // has committed, it sends as a retried stream does.
 func (s *hedgedStream) SendMsg(m any) error {
 	s.mu.Lock()
-	if s.committed || s.finished {
+	if !s.state.isOpen() {
 		s.mu.Unlock()
 		return s.retryStream.SendMsg(m)
 	}
@@ -373,16 +373,15 @@ func (s *hedgedStream) SendMsg(m any) error {
 	// gRPC's SendMsg waits for a retry's new attempt: should m overflow the
 	// buffer, the stream commits to an attempt in flight, and the hedge
 	// needs the whole buffer to catch up first.
-	for len(s.live) == 0 && len(s.opening) > 0 && !s.committed && !s.finished {
+	for len(s.live) == 0 && len(s.opening) > 0 && s.state.isOpen() {
 		s.changed.Wait()
 	}
-	if s.committed || s.finished { // it answered, or the stream ended, meanwhile
+	if !s.state.isOpen() { // it answered, or the stream ended, meanwhile
 		a := s.a
 		s.mu.Unlock()
 		return s.sendCommitted(a, m)
 	}
-	s.bufferLocked(m)
-	if s.committed { // the buffer overflowed
+	if !s.bufferLocked(m) { // the buffer overflowed
 		// The attempts in flight have every message.
 		if len(s.live) > 0 {
 			s.commitToLocked(s.live[0], false, true)
@@ -390,11 +389,12 @@ func (s *hedgedStream) SendMsg(m any) error {
 			// Every attempt has failed and none is opening (the next
 			// waits for a pushback): the stream ends with the last
 			// failure, as it would once no hedge may follow.
-			s.committed = false // to no attempt: RecvMsg reports err
+			s.overflow = true
 			s.endOverUnlock(v)
 			return io.EOF
 		} else {
-			s.endHedgingLocked(nil) // cannot be: nothing is in flight or opening
+			s.commitLocked(true) // cannot be: nothing is in flight or opening
+			s.endHedgingLocked(nil)
 		}
 		a := s.a
 		s.mu.Unlock()
@@ -446,7 +446,7 @@ func (s *hedgedStream) Header() (metadata.MD, error) {
 // once it has caught up. Like gRPC's, it always returns nil.
 func (s *hedgedStream) CloseSend() error {
 	s.mu.Lock()
-	if s.closeSent || s.committed || s.finished {
+	if s.closeSent || !s.state.isOpen() {
 		s.mu.Unlock()
 		return s.retryStream.CloseSend()
 	}
@@ -482,16 +482,16 @@ func (s *hedgedStream) Trailer() metadata.MD {
 // would with a failed current attempt. No hedge starts after.
 func (s *hedgedStream) commitNow() {
 	s.mu.Lock()
-	if s.committed || s.finished {
+	if !s.state.isOpen() {
 		s.mu.Unlock()
 		return
 	}
 	s.sched.noMore = true
-	for len(s.live) == 0 && len(s.opening) > 0 && !s.committed && !s.finished {
+	for len(s.live) == 0 && len(s.opening) > 0 && s.state.isOpen() {
 		s.changed.Wait()
 	}
 	switch {
-	case s.committed || s.finished:
+	case !s.state.isOpen():
 	case len(s.live) > 0:
 		s.commitToLocked(s.live[0], false, false)
 	default:

@@ -770,15 +770,50 @@ func TestReplayBufferAllocations(t *testing.T) {
 	for _, n := range []int{1, 100} {
 		allocs := testing.AllocsPerRun(50, func() {
 			s := &retryStream{limit: defaultStreamBuffer}
+			kept := 0
 			for range n {
-				s.bufferLocked(m)
+				if s.bufferLocked(m) {
+					kept++
+				}
 			}
-			if s.replay.len() != n || s.committed {
-				t.Fatalf("kept %d of %d messages (committed %v)", s.replay.len(), n, s.committed)
+			if s.replay.len() != n || kept != n {
+				t.Fatalf("kept %d of %d messages (%d said kept)", s.replay.len(), n, kept)
 			}
 		}) - 1 // the stream itself
 		if max := float64(n) / 4; n == 1 && allocs > 0 || allocs > max {
 			t.Errorf("%d messages kept with %v allocations, want %s", n, allocs, map[bool]string{true: "none", false: fmt.Sprintf("at most %v", max)}[n == 1])
+		}
+	}
+}
+
+// TestStreamStateMovesForward: a stream's state only moves forward. It
+// commits only while open; ending moves an open stream to ended and a
+// committed one to done; an ended stream never commits after, so that
+// every operation on it reports its final status.
+func TestStreamStateMovesForward(t *testing.T) {
+	for _, tc := range []struct {
+		from            streamState
+		commit          streamState // after commitLocked
+		end             streamState // after ending
+		open, committed bool
+		ended           bool
+	}{
+		{streamOpen, streamCommitted, streamEnded, true, false, false},
+		{streamCommitted, streamCommitted, streamDone, false, true, false},
+		{streamEnded, streamEnded, streamEnded, false, false, true},
+		{streamDone, streamDone, streamDone, false, true, true},
+	} {
+		if tc.from.isOpen() != tc.open || tc.from.isCommitted() != tc.committed || tc.from.isEnded() != tc.ended {
+			t.Errorf("state %d: open %v committed %v ended %v, want %v %v %v", tc.from,
+				tc.from.isOpen(), tc.from.isCommitted(), tc.from.isEnded(), tc.open, tc.committed, tc.ended)
+		}
+		s := &retryStream{state: tc.from, a: &streamAttempt{}}
+		s.commitLocked(false)
+		if s.state != tc.commit {
+			t.Errorf("state %d: commit moved it to %d, want %d", tc.from, s.state, tc.commit)
+		}
+		if got := tc.from.end(); got != tc.end && !tc.ended {
+			t.Errorf("state %d: end moved it to %d, want %d", tc.from, got, tc.end)
 		}
 	}
 }
