@@ -13,7 +13,7 @@ import (
 )
 
 // hedger is the one scheduler of gRFC A6 hedging, for a hedged unary call
-// (hedgeCall) and a hedged stream (hedgedStream) alike. It owns what A6
+// (hedgeCall) and a hedged stream (hedging) alike. It owns what A6
 // says of hedges: when the next one goes (the hedging delay, latency-aware
 // or fixed; at once after a non-fatal failure; after a server's pushback),
 // whether it may (the breaker, the overload controller, the throttling and

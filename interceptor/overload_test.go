@@ -707,7 +707,7 @@ func attemptTimes(t *testing.T, cs grpc_testing.TestService_StreamingOutputCallC
 	if !ok {
 		t.Fatalf("stream %T is not gRPC's generated one", cs)
 	}
-	rs, ok := g.ClientStream.(*retryStream)
+	rs, ok := g.ClientStream.(*clientStream)
 	if !ok {
 		t.Fatalf("stream %T is not herdguard's", cs)
 	}

@@ -85,7 +85,7 @@ func (b *replayBuffer) release() { b.buf, b.ends, b.size = nil, nil, 0 }
 // bufferLocked keeps a copy of m, just sent, for replay while the stream
 // is open. It reports false for a message that cannot be kept, or that
 // outgrows the buffer: the stream must commit.
-func (s *retryStream) bufferLocked(m any) bool {
+func (s *clientStream) bufferLocked(m any) bool {
 	return !s.state.isOpen() || s.replay.add(m, s.limit)
 }
 

@@ -43,8 +43,11 @@ import (
 // once the replay buffer overflowed.
 func (ic *Interceptor) Stream() grpc.StreamClientInterceptor { return ic.stream }
 
-// retryStream is one logical stream: a series of attempts, each a stream
-// from the next streamer, of which the last is current.
+// clientStream is one logical stream: a series of attempts, each a stream
+// from the next streamer, of which the last is current. A retried stream
+// runs one attempt at a time; a hedged one holds its hedging strategy
+// (streamHedging), which runs several until the stream commits, and then
+// runs as a retried one.
 //
 // Every operation goes through one funnel, as grpc-go's clientStream does:
 // until the stream commits, the operation runs against the current attempt
@@ -55,7 +58,7 @@ func (ic *Interceptor) Stream() grpc.StreamClientInterceptor { return ic.stream 
 // current attempt is never nil, so no operation can find the stream without
 // one: an attempt that failed to open stays current (with no ClientStream)
 // once the stream has ended.
-type retryStream struct {
+type clientStream struct {
 	ic       *Interceptor
 	p        *resolved
 	tracer   trace.Tracer
@@ -80,10 +83,10 @@ type retryStream struct {
 	cancelTimeout context.CancelFunc
 
 	maxAttempts int
-	// hedged is the hedged stream this one is the base of; nil for a
+	// hedged runs a hedged stream's attempts until it commits; nil for a
 	// stream that is retried. Its methods that the end of a stream calls
 	// do nothing when it is nil.
-	hedged *hedgedStream
+	hedged *streamHedging
 
 	// mu guards the fields below. It is held while the stream decides on a
 	// retry, waits before it, and opens and replays the next attempt, so
@@ -121,7 +124,7 @@ type retryStream struct {
 	sent, received, replayed, replayedSz int64
 }
 
-var _ grpc.ClientStream = (*retryStream)(nil)
+var _ grpc.ClientStream = (*clientStream)(nil)
 
 // streamState is where a stream is in its life. It only moves forward:
 //
@@ -169,7 +172,7 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 	}
 	opts, finish := splitOnFinish(opts)
 	target := targetOf(cc)
-	s := &retryStream{ic: ic, p: p, tracer: ic.tracing.tracer(), desc: desc, cc: cc, method: method,
+	s := &clientStream{ic: ic, p: p, tracer: ic.tracing.tracer(), desc: desc, cc: cc, method: method,
 		streamer: streamer, opts: opts, limit: limit, onFinish: finish}
 	s.ended.Add(1)
 	if s.tracer != nil {
@@ -257,7 +260,12 @@ func (ic *Interceptor) stream(ctx context.Context, desc *grpc.StreamDesc, cc *gr
 // SendMsg sends m on the current attempt and, until the stream commits,
 // keeps an encoded copy of it for replay. Interceptors after herdguard's see
 // m itself, and on a replay a message of m's type with the same content.
-func (s *retryStream) SendMsg(m any) error {
+func (s *clientStream) SendMsg(m any) error {
+	if h := s.hedged; h != nil {
+		if err, sent := h.sendMsg(m); sent {
+			return err
+		}
+	}
 	s.mu.Lock()
 	var (
 		err, end, ret error
@@ -317,7 +325,10 @@ func (s *retryStream) SendMsg(m any) error {
 
 // RecvMsg receives from the current attempt, retrying the stream on a
 // retryable failure before it commits. The first message commits it.
-func (s *retryStream) RecvMsg(m any) error {
+func (s *clientStream) RecvMsg(m any) error {
+	if h := s.hedged; h != nil {
+		<-h.decided // a hedged stream is read once it has committed or ended
+	}
 	s.mu.Lock()
 	var err, ret error
 	if rerr := s.withRetry(
@@ -375,7 +386,10 @@ func (s *retryStream) RecvMsg(m any) error {
 // the current attempt ended without headers; it returns nil and no error
 // for a stream that ended without any, and RecvMsg reports how it ended.
 // Headers commit the stream.
-func (s *retryStream) Header() (metadata.MD, error) {
+func (s *clientStream) Header() (metadata.MD, error) {
+	if h := s.hedged; h != nil {
+		<-h.decided
+	}
 	s.mu.Lock()
 	var (
 		md, retMD metadata.MD
@@ -459,7 +473,7 @@ const (
 // opens and replays the next. withRetry returns the stream's final error,
 // having finished the stream, when the retry ended it; nil otherwise. It
 // returns with the lock released.
-func (s *retryStream) withRetry(committed func(a *streamAttempt) bool, run func(a *streamAttempt), judge func(a *streamAttempt) (step, error)) error {
+func (s *clientStream) withRetry(committed func(a *streamAttempt) bool, run func(a *streamAttempt), judge func(a *streamAttempt) (step, error)) error {
 	for {
 		a := s.a
 		if committed(a) {
@@ -484,7 +498,10 @@ func (s *retryStream) withRetry(committed func(a *streamAttempt) bool, run func(
 
 // Trailer returns the current attempt's trailer. It commits the stream, as
 // gRPC's does: it is meant for after RecvMsg has reported the end.
-func (s *retryStream) Trailer() metadata.MD {
+func (s *clientStream) Trailer() metadata.MD {
+	if h := s.hedged; h != nil {
+		h.commitNow()
+	}
 	if a := s.commitNow(); a.cs != nil {
 		return a.cs.Trailer()
 	}
@@ -493,7 +510,10 @@ func (s *retryStream) Trailer() metadata.MD {
 
 // CloseSend closes the sending side of the current attempt and of every
 // attempt after it. Like gRPC's, it always returns nil.
-func (s *retryStream) CloseSend() error {
+func (s *clientStream) CloseSend() error {
+	if h := s.hedged; h != nil && h.closeSend() {
+		return nil
+	}
 	s.mu.Lock()
 	if s.closeSent {
 		s.mu.Unlock()
@@ -509,7 +529,10 @@ func (s *retryStream) CloseSend() error {
 
 // Context returns the current attempt's context. As in gRPC, calling it
 // commits the stream: the context the caller holds must stay the stream's.
-func (s *retryStream) Context() context.Context {
+func (s *clientStream) Context() context.Context {
+	if h := s.hedged; h != nil {
+		h.commitNow()
+	}
 	if a := s.commitNow(); a.cs != nil {
 		return a.cs.Context()
 	}

@@ -31,7 +31,7 @@ type streamAttempt struct {
 	started time.Time
 	ticket  ticket // its place with the overload controller
 	cancel  context.CancelCauseFunc
-	openCtx context.Context // a hedge's context until hedgedStream.openHedge opens it
+	openCtx context.Context // a hedge's context until streamHedging.openHedge opens it
 	timeout clock.Timer     // cancels the attempt at PerAttemptTimeout until commit
 	// fate settles, once, the race between the per-attempt timeout and
 	// the stream's commit: whichever comes first wins (attemptOpen,
@@ -65,7 +65,7 @@ type streamAttempt struct {
 // returns the attempt, which is current from then on, and nil once it runs,
 // or the error with which it ended already: it could not open, or it broke
 // during the replay.
-func (s *retryStream) startLocked() (*streamAttempt, error) {
+func (s *clientStream) startLocked() (*streamAttempt, error) {
 	back := s.back
 	s.back = false
 	if back && !paces(s.ctl) {
@@ -155,7 +155,7 @@ func (s *retryStream) startLocked() (*streamAttempt, error) {
 // caller has not read them yet (a watch that waits for its first message,
 // an upload that reads at its end) closes the breaker then. It ends when
 // the attempt does.
-func (s *retryStream) watchHeaders(a *streamAttempt) {
+func (s *clientStream) watchHeaders(a *streamAttempt) {
 	if md, _ := a.cs.Header(); md == nil {
 		return
 	}
@@ -171,7 +171,7 @@ func (s *retryStream) watchHeaders(a *streamAttempt) {
 // waits and opens the next attempt (again and again while new attempts end
 // at once) and returns nil once one runs. It returns the stream's final
 // error otherwise.
-func (s *retryStream) retryLocked(a *streamAttempt, err error) error {
+func (s *clientStream) retryLocked(a *streamAttempt, err error) error {
 	var last error // the last attempt's error
 	for {
 		if s.state.isEnded() {
@@ -315,7 +315,7 @@ func (a *streamAttempt) release() {
 
 // notSentLocked ends a stream whose attempt a the overload controller did
 // not let go; last is the previous attempt's error, if any.
-func (s *retryStream) notSentLocked(a *streamAttempt, last error) error {
+func (s *clientStream) notSentLocked(a *streamAttempt, last error) error {
 	if errors.Is(a.notSent, pacing.ErrShed) {
 		s.outcome = OutcomeShed
 		return shedError(a.n, last, a.notSent)

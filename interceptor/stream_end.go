@@ -15,7 +15,7 @@ import (
 // current attempt's context is a child of the caller's and ends by itself,
 // with the caller's error: cancelling it here could race the deadline and
 // turn DeadlineExceeded into Canceled.
-func (s *retryStream) contextDone() {
+func (s *clientStream) contextDone() {
 	s.mu.Lock()
 	if a := s.a; a != nil && a.cs != nil && !s.answered && !s.state.isEnded() {
 		// Did the server answer with headers, unseen so far? With the
@@ -32,7 +32,7 @@ func (s *retryStream) contextDone() {
 
 // commitLocked makes the current attempt final: no more retries, no more
 // buffering, no per-attempt timeout.
-func (s *retryStream) commitLocked(overflow bool) {
+func (s *clientStream) commitLocked(overflow bool) {
 	if !s.state.isOpen() {
 		return
 	}
@@ -53,7 +53,7 @@ func (s *retryStream) commitLocked(overflow bool) {
 // stream commits, and the breaker counts it a success now, not when the
 // stream ends, so that a long healthy stream admitted as a half-open probe
 // closes the breaker at once. A failure after this counts for nothing more.
-func (s *retryStream) answeredLocked() {
+func (s *clientStream) answeredLocked() {
 	s.answered = true
 	s.commitLocked(false)
 	if s.breakerDone != nil {
@@ -65,7 +65,7 @@ func (s *retryStream) answeredLocked() {
 
 // commitNow commits a stream that is not over yet to its current attempt,
 // and returns that attempt.
-func (s *retryStream) commitNow() *streamAttempt {
+func (s *clientStream) commitNow() *streamAttempt {
 	s.mu.Lock()
 	if s.state.isOpen() {
 		s.commitLocked(false)
@@ -75,7 +75,7 @@ func (s *retryStream) commitNow() *streamAttempt {
 }
 
 // sendCommitted sends on a committed or finished stream.
-func (s *retryStream) sendCommitted(a *streamAttempt, m any) error {
+func (s *clientStream) sendCommitted(a *streamAttempt, m any) error {
 	if a.cs == nil {
 		// The stream ended without an attempt that opened: answer as
 		// gRPC's own stream answers once it is over.
@@ -109,7 +109,7 @@ func (s *retryStream) sendCommitted(a *streamAttempt, m any) error {
 // attempt's recv, as before commit: a SendMsg that began before the commit
 // may still be learning how the attempt ended, and two receives at once on
 // one gRPC stream would lose its end.
-func (s *retryStream) recvCommitted(a *streamAttempt, m any) error {
+func (s *clientStream) recvCommitted(a *streamAttempt, m any) error {
 	err := a.recvFor(s.ctx, m)
 	if err != nil && err != io.EOF && a.expired() && s.ctx.Err() == nil {
 		err = errExpired() // gRPC says Canceled: the attempt's timeout cancelled it
@@ -122,7 +122,7 @@ func (s *retryStream) recvCommitted(a *streamAttempt, m any) error {
 // returned as it is, on this RecvMsg and every later one; if a layer below
 // gave up (gaveUpBelowOnceOver), neither the breaker nor the overload
 // controller counts it.
-func (s *retryStream) recvDone(a *streamAttempt, err error) error {
+func (s *clientStream) recvDone(a *streamAttempt, err error) error {
 	s.mu.Lock()
 	if err == nil {
 		s.received++
@@ -145,14 +145,14 @@ func (s *retryStream) recvDone(a *streamAttempt, err error) error {
 // gaveUpBelowLocked leaves the failure err of a, the attempt a committed stream
 // ends with, out of the breaker's and the overload controller's counts
 // when a layer below gave up (gaveUpBelowOnceOver).
-func (s *retryStream) gaveUpBelowLocked(a *streamAttempt, err error) {
+func (s *clientStream) gaveUpBelowLocked(a *streamAttempt, err error) {
 	if a == s.a && !s.state.isEnded() && a.gaveUpBelowOnceOver(err) {
 		a.gaveUpBelow, s.gaveUpBelow = true, true
 	}
 }
 
 // finalLocked is what RecvMsg returns once the stream ended.
-func (s *retryStream) finalLocked() error {
+func (s *clientStream) finalLocked() error {
 	if s.err == nil {
 		return io.EOF
 	}
@@ -165,7 +165,7 @@ func (s *retryStream) finalLocked() error {
 // lock is released, so that no other goroutine can find it given up but
 // not ended, with a current attempt that never opened. release is false
 // when the caller's context ended, which ends the current attempt by itself.
-func (s *retryStream) finishUnlock(err error, release bool) {
+func (s *clientStream) finishUnlock(err error, release bool) {
 	if s.state.isEnded() {
 		s.mu.Unlock()
 		s.ended.Wait() // another goroutine is recording the end
@@ -246,7 +246,7 @@ func (s *retryStream) finishUnlock(err error, release bool) {
 // The caller's deadline is read off the clock, not the context: the
 // server's copy of it, or gRPC's, may end the stream a moment before the
 // context's own timer has run.
-func (s *retryStream) idleAtDeadlineLocked(err error) bool {
+func (s *clientStream) idleAtDeadlineLocked(err error) bool {
 	if s.answered || s.closeSent || !s.desc.ClientStreams && s.sent > 0 || status.Code(err) != codes.DeadlineExceeded {
 		return false
 	}
@@ -256,7 +256,7 @@ func (s *retryStream) idleAtDeadlineLocked(err error) bool {
 
 // breakerChangedLocked records a change of the breaker's state since it was
 // last seen as an event on the call span.
-func (s *retryStream) breakerChangedLocked() {
+func (s *clientStream) breakerChangedLocked() {
 	if s.span == nil || s.breaker == nil {
 		return
 	}
@@ -268,7 +268,7 @@ func (s *retryStream) breakerChangedLocked() {
 
 // endAttemptLocked ends an attempt's span and counts it, once, and tells
 // the overload controller how it ended.
-func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
+func (s *clientStream) endAttemptLocked(a *streamAttempt, err error) {
 	if a.ended {
 		return
 	}
@@ -285,7 +285,7 @@ func (s *retryStream) endAttemptLocked(a *streamAttempt, err error) {
 	s.ic.finish(s.ctx, s.method, s.bs.target, &a.ticket, &e, hedge, won)
 }
 
-func (s *retryStream) endSpan(err error) {
+func (s *clientStream) endSpan(err error) {
 	if s.span == nil {
 		return
 	}

@@ -560,7 +560,7 @@ func TestHedgeOpeningHoldsUpNoAnswer(t *testing.T) {
 	// the same. Wait for gRPC to have given it up before ending the
 	// first: without that, attempt 2 reached the server in about 1 run
 	// in 150 under -race.
-	waitNoGoroutine(t, "interceptor.(*hedgedStream).openHedge")
+	waitNoGoroutine(t, "interceptor.(*streamHedging).openHedge")
 	if err := s.CloseSend(); err != nil {
 		t.Fatal(err)
 	}

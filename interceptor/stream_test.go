@@ -769,7 +769,7 @@ func TestReplayBufferAllocations(t *testing.T) {
 	m := &testgrpc.StreamingInputCallRequest{Payload: payload("0123456789")}
 	for _, n := range []int{1, 100} {
 		allocs := testing.AllocsPerRun(50, func() {
-			s := &retryStream{limit: defaultStreamBuffer}
+			s := &clientStream{limit: defaultStreamBuffer}
 			kept := 0
 			for range n {
 				if s.bufferLocked(m) {
@@ -807,7 +807,7 @@ func TestStreamStateMovesForward(t *testing.T) {
 			t.Errorf("state %d: open %v committed %v ended %v, want %v %v %v", tc.from,
 				tc.from.isOpen(), tc.from.isCommitted(), tc.from.isEnded(), tc.open, tc.committed, tc.ended)
 		}
-		s := &retryStream{state: tc.from, a: &streamAttempt{}}
+		s := &clientStream{state: tc.from, a: &streamAttempt{}}
 		s.commitLocked(false)
 		if s.state != tc.commit {
 			t.Errorf("state %d: commit moved it to %d, want %d", tc.from, s.state, tc.commit)
