@@ -9,6 +9,8 @@
 package budget
 
 import (
+	"github.com/herdguard/herdguard/internal/clock"
+
 	"math"
 	"sync"
 	"sync/atomic"
@@ -84,14 +86,14 @@ type Ratio struct {
 }
 
 // NewRatio returns an empty budget for b that reads the time from now (nil:
-// time.Now).
+// the wall clock).
 func NewRatio(b policy.Budget, now func() time.Time) (*Ratio, error) {
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
 	b = b.WithDefaults()
 	if now == nil {
-		now = time.Now
+		now = clock.Real().Now
 	}
 	return &Ratio{
 		ratio: b.Ratio, reserve: b.MinPerSecond * b.Window.Seconds(),

@@ -3,6 +3,8 @@
 package proc
 
 import (
+	"github.com/herdguard/herdguard/internal/clock"
+
 	"context"
 	"errors"
 	"fmt"
@@ -72,9 +74,11 @@ func (p *Process) Stop() error {
 	case <-p.done:
 	default:
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		grace := clock.Real().NewTimer(5 * time.Second) // a real process takes real time
+		defer grace.Stop()
 		select {
 		case <-p.done:
-		case <-time.After(5 * time.Second):
+		case <-grace.C():
 			_ = p.cmd.Process.Kill()
 			<-p.done
 		}

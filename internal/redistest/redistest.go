@@ -4,6 +4,8 @@
 package redistest
 
 import (
+	"github.com/herdguard/herdguard/internal/clock"
+
 	"bufio"
 	"context"
 	"errors"
@@ -90,7 +92,10 @@ func (s *Server) start() error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	wall := clock.Real() // a real process takes real time
+	deadline := wall.Now().Add(10 * time.Second)
+	poll := wall.NewTimer(0)
+	defer poll.Stop()
 	for {
 		// the server that answers must be this one, not another process
 		// that took the port meanwhile
@@ -101,9 +106,10 @@ func (s *Server) start() error {
 		case <-p.Done():
 			b, _ := os.ReadFile(logf)
 			return fmt.Errorf("redis-server on %s exited: %v\n%s", s.Addr, p.Err(), tail(b))
-		case <-time.After(20 * time.Millisecond):
+		case <-poll.C():
+			poll.Reset(20 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
+		if wall.Now().After(deadline) {
 			p.Stop()
 			return fmt.Errorf("redis-server on %s did not answer within 10 s", s.Addr)
 		}
@@ -168,11 +174,14 @@ func (s *Server) signal(sig syscall.Signal) error {
 // Restart starts a stopped or killed server again on the same port, empty.
 func (s *Server) Restart() error {
 	var err error
+	pause := clock.Real().NewTimer(0)
+	defer pause.Stop()
 	for range 50 { // the port may linger a moment after a kill
+		<-pause.C()
 		if err = s.start(); err == nil {
 			return nil
 		}
-		time.Sleep(50 * time.Millisecond)
+		pause.Reset(50 * time.Millisecond)
 	}
 	return err
 }
@@ -187,7 +196,7 @@ func serverPID(addr string) (int, error) {
 		return 0, err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
+	_ = c.SetDeadline(clock.Real().Now().Add(time.Second))
 	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
 		return 0, err
 	}

@@ -4,6 +4,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/herdguard/herdguard/internal/clock"
 )
 
 // patience bounds, in real time, how long Eventually waits: long enough
@@ -32,18 +34,25 @@ func Eventually(t testing.TB, what string, cond func() bool) time.Duration {
 // eventually is Eventually waiting at most limit.
 func eventually(t testing.TB, what string, cond func() bool, limit time.Duration) time.Duration {
 	t.Helper()
-	began := time.Now()
+	wall := clock.Real() // the goroutines it waits for run in real time
+	began := wall.Now()
 	nap := time.Microsecond
+	var sleep clock.Timer
 	for i := 0; !cond(); i++ {
-		if time.Since(began) > limit {
+		if wall.Now().Sub(began) > limit {
 			t.Fatalf("waited %v for %s", limit, what)
 		}
 		if i < spins {
 			runtime.Gosched()
 			continue
 		}
-		time.Sleep(nap)
+		if sleep == nil {
+			sleep = wall.NewTimer(nap)
+		} else {
+			sleep.Reset(nap)
+		}
+		<-sleep.C()
 		nap = min(2*nap, time.Millisecond)
 	}
-	return time.Since(began)
+	return wall.Now().Sub(began)
 }
