@@ -85,12 +85,12 @@ func (e *OpenError) Error() string {
 	return fmt.Sprintf("herdguard: %scircuit breaker for %s is open; call not sent", whose, e.Scope)
 }
 
-// openRefusal returns the refusal of an open breaker whose open period ends at
-// until (Unix nanoseconds; 0: not known).
-func openRefusal(scope string, until int64, shared bool) *OpenError {
+// openRefusal returns the refusal, at now, of an open breaker whose open
+// period ends at until (Unix nanoseconds; 0: not known).
+func openRefusal(scope string, until, now int64, shared bool) *OpenError {
 	e := &OpenError{Scope: scope, State: Open, Shared: shared}
 	if until != 0 {
-		e.RetryAfter = max(time.Duration(until-time.Now().UnixNano()), 0)
+		e.RetryAfter = max(time.Duration(until-now), 0)
 	}
 	return e
 }
@@ -103,7 +103,8 @@ func (e *OpenError) GRPCStatus() *status.Status { return status.New(codes.Unavai
 
 // Breaker is one circuit breaker: the breaker of one scope.
 //
-// gobreaker keeps the state machine and the counts, through its two-step
+// gobreaker keeps the state machine (closed, open, half-open and its
+// probes) and the counts since the last transition, through its two-step
 // breaker, so that a unary call ([Breaker.Execute]) and a stream, whose
 // verdict comes later ([Breaker.Allow]), share one breaker. A healthy
 // breaker adds almost nothing to a call: with FailureRatio off, the only
@@ -139,12 +140,10 @@ type Breaker struct {
 
 	// openFor is the current open period in nanoseconds, from OpenTimeout,
 	// doubled by each failed probe up to maxOpen; openUntil is when the
-	// current open period ends (Unix nanoseconds) when it is longer than
-	// gobreaker's fixed OpenTimeout, else 0. reopens is when the last open
-	// period ends, whatever its length (Unix nanoseconds), for refusals to
-	// say.
-	openFor, openUntil, reopens atomic.Int64
-	baseOpen, maxOpen           time.Duration
+	// last open period ends (Unix nanoseconds on now), 0 once closed.
+	openFor, openUntil atomic.Int64
+	baseOpen, maxOpen  time.Duration
+	now                func() time.Time // Settings.Now
 
 	// view and member link the breaker to its fleet's shared breaker, when
 	// Settings.Fleet is set (see [Fleet]); nil otherwise.
@@ -169,7 +168,7 @@ func New(scope string, s Settings) (*Breaker, error) {
 
 // newBreaker builds a breaker from validated settings with defaults filled.
 func newBreaker(scope string, s Settings) *Breaker {
-	b := &Breaker{scope: scope, fast: s.FailureRatio == 0, baseOpen: s.OpenTimeout, maxOpen: s.MaxOpenTimeout}
+	b := &Breaker{scope: scope, fast: s.FailureRatio == 0, baseOpen: s.OpenTimeout, maxOpen: s.MaxOpenTimeout, now: s.Now}
 	b.openFor.Store(int64(s.OpenTimeout))
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreakerSettings(scope, s, func(to State) {
 		b.grow(State(b.state.Load()), to)
@@ -177,7 +176,7 @@ func newBreaker(scope string, s Settings) *Breaker {
 		b.gen.Add(1)
 	}))
 	if s.Fleet != nil {
-		b.view = &FleetView{}
+		b.view = &FleetView{now: s.Now}
 		b.member = s.Fleet.Join(scope, s, b.view)
 	}
 	return b
@@ -185,32 +184,37 @@ func newBreaker(scope string, s Settings) *Breaker {
 
 // gobreakerSettings translates validated settings with defaults filled into
 // gobreaker's. mirror is told every new state before OnStateChange is.
+//
+// Every duration is judged here, on Settings.Now, never by gobreaker,
+// which reads the wall clock: gobreaker keeps no window (its counts run
+// from one transition to the next), and its open period is a nanosecond,
+// so that the breaker's own (admit, until openUntil) is the one that
+// holds.
 func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.Settings {
 	consecutive, ratio, minRequests, downAfter := s.ConsecutiveFailures, s.FailureRatio, s.MinRequests, s.DownAfter
-	onChange := s.OnStateChange
-	// since counts the calls gobreaker counted since the last transition:
-	// its ConsecutiveFailures is the current run of failed calls, and
-	// runStart is when that run began. gobreaker calls IsSuccessful for
-	// every call it counts, ReadyToTrip at every failure of a closed
-	// breaker and OnStateChange at every transition, each under its lock,
-	// which guards them. The run is kept here, not read from gobreaker's
-	// Counts: its rolling window takes a run's oldest failures back out as
-	// their buckets age, and a run of failures a few seconds apart would
-	// then never reach its count.
+	onChange, now := s.OnStateChange, s.Now
+	// since counts the calls gobreaker counted since the last transition,
+	// for OnStateChange to say what a transition was judged on: its
+	// ConsecutiveFailures is the current run of failed calls, and runStart
+	// is when that run began; window counts the calls of the last Window
+	// for FailureRatio. gobreaker calls IsSuccessful for every call it
+	// counts, ReadyToTrip at every failure of a closed breaker and
+	// OnStateChange at every transition, each under its lock, which guards
+	// them. Only a success or a transition ends a run: a run of failures
+	// however far apart reaches its count.
 	var (
 		since    Counts
 		runStart time.Time
+		window   = ratioWindow{bucket: s.Window / windowBuckets}
 	)
 	return gobreaker.Settings{
-		Name:         scope,
-		MaxRequests:  s.HalfOpenMaxRequests,
-		Interval:     s.Window,
-		BucketPeriod: s.Window / windowBuckets,
-		Timeout:      s.OpenTimeout,
-		ReadyToTrip: func(c gobreaker.Counts) bool {
+		Name:        scope,
+		MaxRequests: s.HalfOpenMaxRequests,
+		Timeout:     time.Nanosecond,
+		ReadyToTrip: func(gobreaker.Counts) bool {
 			run := since.ConsecutiveFailures
 			if downAfter > 0 {
-				now := time.Now()
+				now := now()
 				if run <= 1 {
 					runStart = now
 				}
@@ -220,13 +224,15 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 			} else if run >= consecutive {
 				return true
 			}
-			finished := c.TotalSuccesses + c.TotalFailures
-			return ratio > 0 && finished >= minRequests &&
-				float64(c.TotalFailures) >= ratio*float64(finished)
+			if ratio == 0 {
+				return false
+			}
+			ok, failed := window.totals(now())
+			return ok+failed >= minRequests && float64(failed) >= ratio*float64(ok+failed)
 		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			judged := since
-			since = Counts{} // gobreaker starts its counts afresh
+			since, window = Counts{}, ratioWindow{bucket: window.bucket} // gobreaker starts its counts afresh
 			mirror(fromGobreaker(to))
 			if onChange != nil {
 				onChange(scope, fromGobreaker(from), fromGobreaker(to), judged)
@@ -234,6 +240,9 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 		},
 		IsSuccessful: func(err error) bool {
 			since.Requests++
+			if ratio > 0 {
+				window.add(now(), err != nil)
+			}
 			if err != nil {
 				since.TotalFailures++
 				since.ConsecutiveFailures++
@@ -250,29 +259,25 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 }
 
 // grow sets the open period on a transition: a probe that failed (half-open
-// to open) doubles it, up to maxOpen; closing resets it. gobreaker keeps its
-// fixed OpenTimeout, and admit refuses calls until openUntil.
+// to open) doubles it, up to maxOpen; closing resets it. admit refuses calls
+// until openUntil.
 func (b *Breaker) grow(from, to State) {
 	switch {
 	case to == Closed:
 		b.openFor.Store(int64(b.baseOpen))
 		b.openUntil.Store(0)
 	case to == Open && from == HalfOpen:
-		d := min(2*time.Duration(b.openFor.Load()), b.maxOpen)
-		b.openFor.Store(int64(d))
-		b.openUntil.Store(time.Now().Add(d).UnixNano())
-	case to == Open:
-		b.openUntil.Store(0)
+		b.openFor.Store(int64(min(2*time.Duration(b.openFor.Load()), b.maxOpen)))
 	}
-	if to == Open { // when probes may go, as the refusals say
-		b.reopens.Store(time.Now().Add(time.Duration(b.openFor.Load())).UnixNano())
+	if to == Open {
+		b.openUntil.Store(b.now().Add(time.Duration(b.openFor.Load())).UnixNano())
 	}
 }
 
-// heldOpen reports whether a grown open period still runs past gobreaker's.
+// heldOpen reports whether the open period still runs.
 func (b *Breaker) heldOpen() bool {
 	u := b.openUntil.Load()
-	return u != 0 && time.Now().UnixNano() < u
+	return u != 0 && b.now().UnixNano() < u
 }
 
 // Scope returns the breaker's scope name.
@@ -292,9 +297,10 @@ func (b *Breaker) State() State {
 // open until a call or State moves it to half-open.
 func (b *Breaker) LastState() State { return State(b.state.Load()) }
 
-// Counts are a breaker's counts of calls for its current state, and while
-// it is closed for its current Window, as gobreaker keeps them. They start
-// again from zero at every transition. With FailureRatio off, a healthy
+// Counts are a breaker's counts of calls since its last transition, as
+// gobreaker keeps them: ConsecutiveFailures is the run of failed calls a
+// closed breaker trips on. They start again from zero at every transition
+// (FailureRatio is judged over the last Window, apart). With FailureRatio off, a healthy
 // closed breaker lets calls through without counting them (see [Breaker]),
 // so Requests, TotalSuccesses and ConsecutiveSuccesses then leave those
 // calls out.
@@ -349,12 +355,12 @@ func (b *Breaker) quiet() bool {
 // and whether the call is a probe, or the refusal as an [*OpenError].
 func (b *Breaker) admit() (done func(error), probe bool, err error) {
 	if State(b.state.Load()) == Open && b.heldOpen() {
-		return nil, false, openRefusal(b.scope, b.reopens.Load(), false)
+		return nil, false, openRefusal(b.scope, b.openUntil.Load(), b.now().UnixNano(), false)
 	}
 	done, err = b.cb.Allow()
 	switch {
 	case errors.Is(err, gobreaker.ErrOpenState):
-		return nil, false, openRefusal(b.scope, b.reopens.Load(), false)
+		return nil, false, openRefusal(b.scope, b.openUntil.Load(), b.now().UnixNano(), false)
 	case errors.Is(err, gobreaker.ErrTooManyRequests):
 		return nil, false, &OpenError{Scope: b.scope, State: HalfOpen}
 	case err != nil:
@@ -537,4 +543,43 @@ func (b *Breaker) allowLocal() (done func(herdguard.Verdict), probe bool, err er
 			b.report(gdone, v)
 		}
 	}, probe, nil
+}
+
+// ratioWindow counts the calls that finished over a rolling Window, in
+// windowBuckets buckets on the breaker's clock, for FailureRatio. It is
+// guarded by gobreaker's lock, as every function of gobreakerSettings.
+type ratioWindow struct {
+	bucket     time.Duration
+	head       int64 // the number of the current bucket: its start / bucket
+	ok, failed [windowBuckets]uint32
+}
+
+// add counts a call that finished at now.
+func (w *ratioWindow) add(now time.Time, failed bool) {
+	i := w.roll(now)
+	if failed {
+		w.failed[i]++
+	} else {
+		w.ok[i]++
+	}
+}
+
+// totals returns the calls counted over the Window that ends at now.
+func (w *ratioWindow) totals(now time.Time) (ok, failed uint32) {
+	w.roll(now)
+	for i := range windowBuckets {
+		ok, failed = ok+w.ok[i], failed+w.failed[i]
+	}
+	return ok, failed
+}
+
+// roll empties the buckets that aged out of the Window by now, and returns
+// the index of the current one.
+func (w *ratioWindow) roll(now time.Time) int {
+	n := now.UnixNano() / int64(w.bucket)
+	for k := w.head + 1; k <= n && k <= w.head+windowBuckets; k++ {
+		w.ok[k%windowBuckets], w.failed[k%windowBuckets] = 0, 0
+	}
+	w.head = max(w.head, n)
+	return int(w.head % windowBuckets)
 }

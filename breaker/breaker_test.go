@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/herdguard/herdguard"
 	"github.com/herdguard/herdguard/breaker"
+	"github.com/herdguard/herdguard/internal/testutil"
 )
 
 func newBreaker(t *testing.T, s breaker.Settings) *breaker.Breaker {
@@ -90,127 +90,126 @@ func TestIgnoredCallsNeverTrip(t *testing.T) {
 }
 
 func TestOpenTimeoutThenProbe(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var changes []string
-		b := newBreaker(t, breaker.Settings{
-			ConsecutiveFailures: 1,
-			OpenTimeout:         2 * time.Second,
-			OnStateChange: func(scope string, from, to breaker.State, c breaker.Counts) {
-				changes = append(changes, fmt.Sprintf("%s: %v->%v %d/%d", scope, from, to, c.ConsecutiveFailures, c.ConsecutiveSuccesses))
-			},
-		})
-		before, after, _ := b.Execute(func(bool) herdguard.Verdict { return herdguard.Failure })
-		if before != breaker.Closed || after != breaker.Open {
-			t.Errorf("tripping call saw %v -> %v, want closed -> open", before, after)
-		}
-		time.Sleep(2*time.Second - time.Nanosecond)
-		if ran, _, err := run(t, b, herdguard.Success); ran || err == nil {
-			t.Fatalf("just before OpenTimeout: ran=%v err=%v, want refused", ran, err)
-		}
-		time.Sleep(2 * time.Nanosecond)
-		ran, probe, err := run(t, b, herdguard.Success)
-		if !ran || !probe || err != nil {
-			t.Fatalf("after OpenTimeout: ran=%v probe=%v err=%v, want a probe that runs", ran, probe, err)
-		}
-		if got := b.State(); got != breaker.Closed {
-			t.Fatalf("after a good probe: state %v, want closed", got)
-		}
-		if _, probe, _ := run(t, b, herdguard.Success); probe {
-			t.Error("a call through a closed breaker was told it is a probe")
-		}
-		// Each transition with the counts it was judged on: the failure
-		// that tripped it, nothing while open, the good probe.
-		want := []string{"dns:///pay: closed->open 1/0", "dns:///pay: open->half-open 0/0", "dns:///pay: half-open->closed 0/1"}
-		if strings.Join(changes, "|") != strings.Join(want, "|") {
-			t.Errorf("OnStateChange calls = %q, want %q", changes, want)
-		}
+	clk := testutil.NewClock(time.Now())
+	var changes []string
+	b := newBreaker(t, breaker.Settings{
+		Now:                 clk.Now,
+		ConsecutiveFailures: 1,
+		OpenTimeout:         2 * time.Second,
+		OnStateChange: func(scope string, from, to breaker.State, c breaker.Counts) {
+			changes = append(changes, fmt.Sprintf("%s: %v->%v %d/%d", scope, from, to, c.ConsecutiveFailures, c.ConsecutiveSuccesses))
+		},
 	})
+	before, after, _ := b.Execute(func(bool) herdguard.Verdict { return herdguard.Failure })
+	if before != breaker.Closed || after != breaker.Open {
+		t.Errorf("tripping call saw %v -> %v, want closed -> open", before, after)
+	}
+	clk.Advance(2*time.Second - time.Nanosecond)
+	if ran, _, err := run(t, b, herdguard.Success); ran || err == nil {
+		t.Fatalf("just before OpenTimeout: ran=%v err=%v, want refused", ran, err)
+	}
+	clk.Advance(2 * time.Nanosecond)
+	ran, probe, err := run(t, b, herdguard.Success)
+	if !ran || !probe || err != nil {
+		t.Fatalf("after OpenTimeout: ran=%v probe=%v err=%v, want a probe that runs", ran, probe, err)
+	}
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("after a good probe: state %v, want closed", got)
+	}
+	if _, probe, _ := run(t, b, herdguard.Success); probe {
+		t.Error("a call through a closed breaker was told it is a probe")
+	}
+	// Each transition with the counts it was judged on: the failure
+	// that tripped it, nothing while open, the good probe.
+	want := []string{"dns:///pay: closed->open 1/0", "dns:///pay: open->half-open 0/0", "dns:///pay: half-open->closed 0/1"}
+	if strings.Join(changes, "|") != strings.Join(want, "|") {
+		t.Errorf("OnStateChange calls = %q, want %q", changes, want)
+	}
 }
 
 func TestFailedProbeReopens(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Second})
-		run(t, b, herdguard.Failure)
-		time.Sleep(time.Second + time.Nanosecond)
-		if ran, probe, _ := run(t, b, herdguard.Failure); !ran || !probe {
-			t.Fatalf("ran=%v probe=%v, want a probe", ran, probe)
-		}
-		if got := b.State(); got != breaker.Open {
-			t.Fatalf("after a failed probe: state %v, want open", got)
-		}
-		// and the open period starts again
-		time.Sleep(time.Second - time.Nanosecond)
-		if ran, _, _ := run(t, b, herdguard.Success); ran {
-			t.Fatal("reopened breaker let a call through before a new OpenTimeout")
-		}
-	})
+	clk := testutil.NewClock(time.Now())
+	b := newBreaker(t, breaker.Settings{Now: clk.Now, ConsecutiveFailures: 1, OpenTimeout: time.Second})
+	run(t, b, herdguard.Failure)
+	clk.Advance(time.Second + time.Nanosecond)
+	if ran, probe, _ := run(t, b, herdguard.Failure); !ran || !probe {
+		t.Fatalf("ran=%v probe=%v, want a probe", ran, probe)
+	}
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("after a failed probe: state %v, want open", got)
+	}
+	// and the open period starts again
+	clk.Advance(time.Second - time.Nanosecond)
+	if ran, _, _ := run(t, b, herdguard.Success); ran {
+		t.Fatal("reopened breaker let a call through before a new OpenTimeout")
+	}
 }
 
 // Each failed probe doubles the open period, up to MaxOpenTimeout; a probe
 // that succeeds closes the breaker and the next trip starts short again.
 func TestOpenPeriodGrows(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Second, MaxOpenTimeout: 3 * time.Second})
-		run(t, b, herdguard.Failure)
-		for i, open := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second} {
-			time.Sleep(open - time.Nanosecond)
-			if ran, _, _ := run(t, b, herdguard.Success); ran {
-				t.Fatalf("trip %d: a call ran before the open period of %v ended", i, open)
-			}
-			if got := b.State(); got != breaker.Open {
-				t.Fatalf("trip %d: state %v before the period ended, want open", i, got)
-			}
-			time.Sleep(2 * time.Nanosecond)
-			if ran, probe, _ := run(t, b, herdguard.Failure); !ran || !probe {
-				t.Fatalf("trip %d: ran=%v probe=%v after %v, want a probe", i, ran, probe, open)
-			}
+	clk := testutil.NewClock(time.Now())
+	b := newBreaker(t, breaker.Settings{Now: clk.Now, ConsecutiveFailures: 1, OpenTimeout: time.Second, MaxOpenTimeout: 3 * time.Second})
+	run(t, b, herdguard.Failure)
+	for i, open := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second} {
+		clk.Advance(open - time.Nanosecond)
+		if ran, _, _ := run(t, b, herdguard.Success); ran {
+			t.Fatalf("trip %d: a call ran before the open period of %v ended", i, open)
 		}
-		time.Sleep(3 * time.Second)
-		if ran, probe, _ := run(t, b, herdguard.Success); !ran || !probe {
-			t.Fatalf("ran=%v probe=%v, want a probe that closes", ran, probe)
+		if got := b.State(); got != breaker.Open {
+			t.Fatalf("trip %d: state %v before the period ended, want open", i, got)
 		}
-		run(t, b, herdguard.Failure) // trips again: back to a short period
-		time.Sleep(time.Second + time.Nanosecond)
-		if ran, probe, _ := run(t, b, herdguard.Success); !ran || !probe {
-			t.Fatalf("after closing, the open period did not start again from OpenTimeout: ran=%v probe=%v", ran, probe)
+		clk.Advance(2 * time.Nanosecond)
+		if ran, probe, _ := run(t, b, herdguard.Failure); !ran || !probe {
+			t.Fatalf("trip %d: ran=%v probe=%v after %v, want a probe", i, ran, probe, open)
 		}
-	})
+	}
+	clk.Advance(3 * time.Second)
+	if ran, probe, _ := run(t, b, herdguard.Success); !ran || !probe {
+		t.Fatalf("ran=%v probe=%v, want a probe that closes", ran, probe)
+	}
+	run(t, b, herdguard.Failure) // trips again: back to a short period
+	clk.Advance(time.Second + time.Nanosecond)
+	if ran, probe, _ := run(t, b, herdguard.Success); !ran || !probe {
+		t.Fatalf("after closing, the open period did not start again from OpenTimeout: ran=%v probe=%v", ran, probe)
+	}
 }
 
 func TestHalfOpenLimitsProbes(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Second, HalfOpenMaxRequests: 2})
-		run(t, b, herdguard.Failure)
-		time.Sleep(2 * time.Second)
+	clk := testutil.NewClock(time.Now())
+	b := newBreaker(t, breaker.Settings{Now: clk.Now, ConsecutiveFailures: 1, OpenTimeout: time.Second, HalfOpenMaxRequests: 2})
+	run(t, b, herdguard.Failure)
+	clk.Advance(2 * time.Second)
 
-		release := make(chan struct{})
-		var wg sync.WaitGroup
-		for range 2 {
-			wg.Go(func() {
-				b.Execute(func(probe bool) herdguard.Verdict {
-					if !probe {
-						t.Error("a half-open call was not told it is a probe")
-					}
-					<-release
-					return herdguard.Success
-				})
+	release, started := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			b.Execute(func(probe bool) herdguard.Verdict {
+				if !probe {
+					t.Error("a half-open call was not told it is a probe")
+				}
+				started <- struct{}{}
+				<-release
+				return herdguard.Success
 			})
-		}
-		synctest.Wait() // both probes are in flight
-		ran, _, err := run(t, b, herdguard.Success)
-		var oe *breaker.OpenError
-		if ran || !errors.As(err, &oe) || oe.State != breaker.HalfOpen {
-			t.Fatalf("third call while 2 probes run: ran=%v err=%v, want refused as half-open", ran, err)
-		}
-		if !errors.Is(err, breaker.ErrOpen) || !strings.Contains(err.Error(), "half-open") {
-			t.Errorf("err = %q, want ErrOpen saying half-open", err)
-		}
-		close(release)
-		wg.Wait()
-		if got := b.State(); got != breaker.Closed {
-			t.Fatalf("after 2 good probes: state %v, want closed", got)
-		}
-	})
+		})
+	}
+	<-started
+	<-started // both probes are in flight
+	ran, _, err := run(t, b, herdguard.Success)
+	var oe *breaker.OpenError
+	if ran || !errors.As(err, &oe) || oe.State != breaker.HalfOpen {
+		t.Fatalf("third call while 2 probes run: ran=%v err=%v, want refused as half-open", ran, err)
+	}
+	if !errors.Is(err, breaker.ErrOpen) || !strings.Contains(err.Error(), "half-open") {
+		t.Errorf("err = %q, want ErrOpen saying half-open", err)
+	}
+	close(release)
+	wg.Wait()
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("after 2 good probes: state %v, want closed", got)
+	}
 }
 
 func TestFailureRatio(t *testing.T) {
@@ -236,21 +235,39 @@ func TestFailureRatio(t *testing.T) {
 }
 
 func TestWindowForgetsOldFailures(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 2, Window: 10 * time.Second})
-		run(t, b, herdguard.Success)
-		run(t, b, herdguard.Success)
-		run(t, b, herdguard.Failure) // 1 of 3
-		time.Sleep(11 * time.Second)
-		run(t, b, herdguard.Failure) // the old calls rolled out: 1 of 1, below MinRequests
-		if got := b.State(); got != breaker.Closed {
-			t.Fatalf("state %v, want closed", got)
-		}
-		run(t, b, herdguard.Failure) // 2 of 2 in the window
-		if got := b.State(); got != breaker.Open {
-			t.Fatalf("2 of 2 failed in the window: state %v, want open", got)
-		}
-	})
+	clk := testutil.NewClock(time.Now())
+	b := newBreaker(t, breaker.Settings{Now: clk.Now, ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 2, Window: 10 * time.Second})
+	run(t, b, herdguard.Success)
+	run(t, b, herdguard.Success)
+	run(t, b, herdguard.Failure) // 1 of 3
+	clk.Advance(11 * time.Second)
+	run(t, b, herdguard.Failure) // the old calls rolled out: 1 of 1, below MinRequests
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("state %v, want closed", got)
+	}
+	run(t, b, herdguard.Failure) // 2 of 2 in the window
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("2 of 2 failed in the window: state %v, want open", got)
+	}
+}
+
+// TestWindowRolls: the Window rolls by tenths, on the breaker's clock: a
+// call leaves it a Window after it came, not when a fixed period ends.
+func TestWindowRolls(t *testing.T) {
+	clk := testutil.NewClock(time.Now())
+	b := newBreaker(t, breaker.Settings{Now: clk.Now, ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 2, Window: 10 * time.Second})
+	run(t, b, herdguard.Success)
+	run(t, b, herdguard.Success)
+	clk.Advance(6 * time.Second)
+	run(t, b, herdguard.Failure) // 1 of 3
+	clk.Advance(5 * time.Second)
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("state %v, want closed", got)
+	}
+	run(t, b, herdguard.Failure) // the successes left 11 s after they came; the failure of 5 s ago stays: 2 of 2
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("2 of 2 failed within the last 10 s: state %v, want open", got)
+	}
 }
 
 func TestSettingsValidate(t *testing.T) {
@@ -307,49 +324,47 @@ func TestSettingsValidate(t *testing.T) {
 // few hundred calls. The failures can come at once (a dead server) or
 // slowly (a hung one): the run's length counts, not how they came.
 func TestDefaultTripsOnlyWhenNothingSucceeds(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBreaker(t, breaker.Settings{})
-		// 50 failed calls in a row within 900ms: not yet.
-		for range 50 {
-			run(t, b, herdguard.Failure)
-			time.Sleep(18 * time.Millisecond)
-		}
-		if got := b.State(); got != breaker.Closed {
-			t.Fatalf("a run of 50 failures over 900ms: %v, want closed", got)
-		}
-		run(t, b, herdguard.Success) // the run ends, and the next starts afresh
-		for range 55 {
-			run(t, b, herdguard.Failure)
-			time.Sleep(18 * time.Millisecond)
-		}
-		if got := b.State(); got != breaker.Closed {
-			t.Fatalf("a new run of 55 over 990ms after a success: %v, want closed", got)
-		}
-		time.Sleep(10 * time.Millisecond)
-		run(t, b, herdguard.Failure) // 1 s since the run's first failure
-		if got := b.State(); got != breaker.Open {
-			t.Fatalf("a run of failures that lasted 1s: %v, want open", got)
-		}
-	})
+	clk := testutil.NewClock(time.Now())
+	b := newBreaker(t, breaker.Settings{Now: clk.Now})
+	// 50 failed calls in a row within 900ms: not yet.
+	for range 50 {
+		run(t, b, herdguard.Failure)
+		clk.Advance(18 * time.Millisecond)
+	}
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("a run of 50 failures over 900ms: %v, want closed", got)
+	}
+	run(t, b, herdguard.Success) // the run ends, and the next starts afresh
+	for range 55 {
+		run(t, b, herdguard.Failure)
+		clk.Advance(18 * time.Millisecond)
+	}
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("a new run of 55 over 990ms after a success: %v, want closed", got)
+	}
+	clk.Advance(10 * time.Millisecond)
+	run(t, b, herdguard.Failure) // 1 s since the run's first failure
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("a run of failures that lasted 1s: %v, want open", got)
+	}
 }
 
 // At a low rate of calls the count decides: 4 failures spread over 2 s
 // are not a run of 5.
 func TestDefaultRunNeedsItsCount(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBreaker(t, breaker.Settings{})
-		for range 4 {
-			run(t, b, herdguard.Failure)
-			time.Sleep(500 * time.Millisecond)
-		}
-		if got := b.State(); got != breaker.Closed {
-			t.Fatalf("4 failures over 2s: %v, want closed", got)
-		}
+	clk := testutil.NewClock(time.Now())
+	b := newBreaker(t, breaker.Settings{Now: clk.Now})
+	for range 4 {
 		run(t, b, herdguard.Failure)
-		if got := b.State(); got != breaker.Open {
-			t.Fatalf("5 failures over 2s: %v, want open", got)
-		}
-	})
+		clk.Advance(500 * time.Millisecond)
+	}
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("4 failures over 2s: %v, want closed", got)
+	}
+	run(t, b, herdguard.Failure)
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("5 failures over 2s: %v, want open", got)
+	}
 }
 
 // A server that fails 30 % of its calls on its own (two attempts in three,
@@ -363,28 +378,28 @@ func TestDefaultIgnoresIndependentFailures(t *testing.T) {
 		trips bool
 	}{{"default", breaker.Settings{}, false}, {"ConsecutiveFailures 5", breaker.Settings{ConsecutiveFailures: 5}, true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				var opened int
-				s := tc.s
-				s.OnStateChange = func(_ string, _, to breaker.State, _ breaker.Counts) {
-					if to == breaker.Open {
-						opened++
-					}
+			clk := testutil.NewClock(time.Now())
+			var opened int
+			s := tc.s
+			s.OnStateChange = func(_ string, _, to breaker.State, _ breaker.Counts) {
+				if to == breaker.Open {
+					opened++
 				}
-				b := newBreaker(t, s)
-				rng := rand.New(rand.NewPCG(1, 2))
-				for range 600 * 60 {
-					v := herdguard.Success
-					if rng.Float64() < 0.3 {
-						v = herdguard.Failure
-					}
-					run(t, b, v)
-					time.Sleep(time.Second / 600)
+			}
+			s.Now = clk.Now
+			b := newBreaker(t, s)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for range 600 * 60 {
+				v := herdguard.Success
+				if rng.Float64() < 0.3 {
+					v = herdguard.Failure
 				}
-				if (opened > 0) != tc.trips {
-					t.Errorf("opened %d times in 60 s, want trips: %v", opened, tc.trips)
-				}
-			})
+				run(t, b, v)
+				clk.Advance(time.Second / 600)
+			}
+			if (opened > 0) != tc.trips {
+				t.Errorf("opened %d times in 60 s, want trips: %v", opened, tc.trips)
+			}
 		})
 	}
 }
@@ -477,97 +492,94 @@ func TestStrings(t *testing.T) {
 }
 
 func TestAllowCountsTheLaterVerdict(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 2, OpenTimeout: time.Second})
-		run(t, b, herdguard.Failure) // a run of one failure: Allow goes through gobreaker
-		done, probe, err := b.Allow()
-		if err != nil || probe {
-			t.Fatalf("Allow on a closed breaker: probe=%v err=%v", probe, err)
-		}
-		if b.State() != breaker.Closed {
-			t.Fatal("the breaker moved before the verdict came")
-		}
-		done(herdguard.Failure)
-		done(herdguard.Failure) // a second call does nothing
-		if got := b.State(); got != breaker.Open {
-			t.Fatalf("after 2 failed calls: state %v, want open", got)
-		}
-		if _, _, err := b.Allow(); !errors.Is(err, breaker.ErrOpen) {
-			t.Fatalf("Allow on an open breaker: %v, want ErrOpen", err)
-		}
-		// the same breaker refuses unary calls too
-		if ran, _, _ := run(t, b, herdguard.Success); ran {
-			t.Fatal("Execute ran through a breaker that streams opened")
-		}
-		time.Sleep(time.Second + time.Nanosecond)
-		done, probe, err = b.Allow()
-		if err != nil || !probe {
-			t.Fatalf("after OpenTimeout: probe=%v err=%v, want a probe", probe, err)
-		}
-		if _, _, err := b.Allow(); err == nil {
-			t.Fatal("a second stream got through while the only probe is pending")
-		}
-		if ran, _, _ := run(t, b, herdguard.Success); ran {
-			t.Fatal("a unary call got through while the only probe is pending")
-		}
-		done(herdguard.Success) // counted when done returns
-		if got := b.State(); got != breaker.Closed {
-			t.Fatalf("after a good probe: state %v, want closed", got)
-		}
-	})
+	clk := testutil.NewClock(time.Now())
+	b := newBreaker(t, breaker.Settings{Now: clk.Now, ConsecutiveFailures: 2, OpenTimeout: time.Second})
+	run(t, b, herdguard.Failure) // a run of one failure: Allow goes through gobreaker
+	done, probe, err := b.Allow()
+	if err != nil || probe {
+		t.Fatalf("Allow on a closed breaker: probe=%v err=%v", probe, err)
+	}
+	if b.State() != breaker.Closed {
+		t.Fatal("the breaker moved before the verdict came")
+	}
+	done(herdguard.Failure)
+	done(herdguard.Failure) // a second call does nothing
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("after 2 failed calls: state %v, want open", got)
+	}
+	if _, _, err := b.Allow(); !errors.Is(err, breaker.ErrOpen) {
+		t.Fatalf("Allow on an open breaker: %v, want ErrOpen", err)
+	}
+	// the same breaker refuses unary calls too
+	if ran, _, _ := run(t, b, herdguard.Success); ran {
+		t.Fatal("Execute ran through a breaker that streams opened")
+	}
+	clk.Advance(time.Second + time.Nanosecond)
+	done, probe, err = b.Allow()
+	if err != nil || !probe {
+		t.Fatalf("after OpenTimeout: probe=%v err=%v, want a probe", probe, err)
+	}
+	if _, _, err := b.Allow(); err == nil {
+		t.Fatal("a second stream got through while the only probe is pending")
+	}
+	if ran, _, _ := run(t, b, herdguard.Success); ran {
+		t.Fatal("a unary call got through while the only probe is pending")
+	}
+	done(herdguard.Success) // counted when done returns
+	if got := b.State(); got != breaker.Closed {
+		t.Fatalf("after a good probe: state %v, want closed", got)
+	}
 }
 
 func TestAllowIgnoredFreesTheProbe(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Second})
-		run(t, b, herdguard.Failure)
-		time.Sleep(time.Second + time.Nanosecond)
-		done, probe, err := b.Allow()
-		if err != nil || !probe {
-			t.Fatalf("after OpenTimeout: probe=%v err=%v, want a probe", probe, err)
-		}
-		done(herdguard.Ignored) // the caller gave up: the probe says nothing
-		if got := b.State(); got != breaker.HalfOpen {
-			t.Fatalf("after an ignored probe: state %v, want half-open", got)
-		}
-		done, probe, err = b.Allow()
-		if err != nil || !probe {
-			t.Fatalf("after an ignored probe: probe=%v err=%v, want another probe", probe, err)
-		}
-		done(herdguard.Failure)
-		if got := b.State(); got != breaker.Open {
-			t.Fatalf("after a failed probe: state %v, want open", got)
-		}
-	})
+	clk := testutil.NewClock(time.Now())
+	b := newBreaker(t, breaker.Settings{Now: clk.Now, ConsecutiveFailures: 1, OpenTimeout: time.Second})
+	run(t, b, herdguard.Failure)
+	clk.Advance(time.Second + time.Nanosecond)
+	done, probe, err := b.Allow()
+	if err != nil || !probe {
+		t.Fatalf("after OpenTimeout: probe=%v err=%v, want a probe", probe, err)
+	}
+	done(herdguard.Ignored) // the caller gave up: the probe says nothing
+	if got := b.State(); got != breaker.HalfOpen {
+		t.Fatalf("after an ignored probe: state %v, want half-open", got)
+	}
+	done, probe, err = b.Allow()
+	if err != nil || !probe {
+		t.Fatalf("after an ignored probe: probe=%v err=%v, want another probe", probe, err)
+	}
+	done(herdguard.Failure)
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("after a failed probe: state %v, want open", got)
+	}
 }
 
 func TestAllowOnAQuietBreaker(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 2})
-		done, probe, err := b.Allow()
-		if err != nil || probe {
-			t.Fatalf("closed breaker: probe=%v err=%v", probe, err)
+	clk := testutil.NewClock(time.Now())
+	b := newBreaker(t, breaker.Settings{Now: clk.Now, ConsecutiveFailures: 2})
+	done, probe, err := b.Allow()
+	if err != nil || probe {
+		t.Fatalf("closed breaker: probe=%v err=%v", probe, err)
+	}
+	done(herdguard.Success)
+	done(herdguard.Failure) // too late: the verdict was given
+	if c := b.Counts(); c.TotalFailures != 0 {
+		t.Fatalf("a second verdict was counted: %+v", c)
+	}
+	for i := range 2 {
+		done, _, err := b.Allow()
+		if err != nil {
+			t.Fatalf("stream %d refused: %v", i+1, err)
 		}
-		done(herdguard.Success)
-		done(herdguard.Failure) // too late: the verdict was given
-		if c := b.Counts(); c.TotalFailures != 0 {
-			t.Fatalf("a second verdict was counted: %+v", c)
+		done(herdguard.Failure)
+		done(herdguard.Failure) // a second call does nothing
+		if c := b.Counts(); i == 0 && c.ConsecutiveFailures != 1 {
+			t.Fatalf("after %d failed streams: counts %+v", i+1, c)
 		}
-		for i := range 2 {
-			done, _, err := b.Allow()
-			if err != nil {
-				t.Fatalf("stream %d refused: %v", i+1, err)
-			}
-			done(herdguard.Failure)
-			done(herdguard.Failure) // a second call does nothing
-			if c := b.Counts(); i == 0 && c.ConsecutiveFailures != 1 {
-				t.Fatalf("after %d failed streams: counts %+v", i+1, c)
-			}
-		}
-		if got := b.State(); got != breaker.Open {
-			t.Fatalf("2 failed streams in a row left the breaker %v", got)
-		}
-	})
+	}
+	if got := b.State(); got != breaker.Open {
+		t.Fatalf("2 failed streams in a row left the breaker %v", got)
+	}
 }
 
 // TestAllowStartsNoGoroutine: a stream's admission through gobreaker holds
@@ -631,23 +643,24 @@ func TestSlowRunTripsAtItsCount(t *testing.T) {
 		{"ConsecutiveFailures 5 with a ratio", breaker.Settings{ConsecutiveFailures: 5, FailureRatio: 0.9, MinRequests: 100}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				if w := tc.s.WithDefaults().Window; w != 10*time.Second {
-					t.Fatalf("Window %v, want the default 10s", w)
-				}
-				b := newBreaker(t, tc.s)
-				for i := range 4 {
-					run(t, b, herdguard.Failure)
-					if got := b.State(); got != breaker.Closed {
-						t.Fatalf("after %d failures: %v, want closed", i+1, got)
-					}
-					time.Sleep(3 * time.Second)
-				}
+			clk := testutil.NewClock(time.Now())
+			if w := tc.s.WithDefaults().Window; w != 10*time.Second {
+				t.Fatalf("Window %v, want the default 10s", w)
+			}
+			s := tc.s
+			s.Now = clk.Now
+			b := newBreaker(t, s)
+			for i := range 4 {
 				run(t, b, herdguard.Failure)
-				if got := b.State(); got != breaker.Open {
-					t.Fatalf("5 failures in a row over 12s: %v, want open", got)
+				if got := b.State(); got != breaker.Closed {
+					t.Fatalf("after %d failures: %v, want closed", i+1, got)
 				}
-			})
+				clk.Advance(3 * time.Second)
+			}
+			run(t, b, herdguard.Failure)
+			if got := b.State(); got != breaker.Open {
+				t.Fatalf("5 failures in a row over 12s: %v, want open", got)
+			}
 		})
 	}
 }
@@ -656,33 +669,32 @@ func TestSlowRunTripsAtItsCount(t *testing.T) {
 // RetryAfter, and its message. After a failed probe the period doubles,
 // and so does what the refusal says.
 func TestOpenErrorSaysHowLong(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBreaker(t, breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: time.Second, MaxOpenTimeout: 10 * time.Second})
-		refusal := func() *breaker.OpenError {
-			t.Helper()
-			ran, _, err := run(t, b, herdguard.Success)
-			var oe *breaker.OpenError
-			if ran || !errors.As(err, &oe) {
-				t.Fatalf("ran %v, err %v; want a refusal", ran, err)
-			}
-			return oe
+	clk := testutil.NewClock(time.Now())
+	b := newBreaker(t, breaker.Settings{Now: clk.Now, ConsecutiveFailures: 1, OpenTimeout: time.Second, MaxOpenTimeout: 10 * time.Second})
+	refusal := func() *breaker.OpenError {
+		t.Helper()
+		ran, _, err := run(t, b, herdguard.Success)
+		var oe *breaker.OpenError
+		if ran || !errors.As(err, &oe) {
+			t.Fatalf("ran %v, err %v; want a refusal", ran, err)
 		}
-		run(t, b, herdguard.Failure)
-		time.Sleep(300 * time.Millisecond)
-		oe := refusal()
-		if oe.State != breaker.Open || oe.RetryAfter != 700*time.Millisecond {
-			t.Errorf("refusal %+v, want open with RetryAfter 700ms", oe)
-		}
-		if want := "is open for 700ms more"; !strings.Contains(oe.Error(), want) {
-			t.Errorf("message %q, want it to say %q", oe.Error(), want)
-		}
-		time.Sleep(701 * time.Millisecond)                       // past the open period
-		if _, probe, _ := run(t, b, herdguard.Failure); !probe { // the probe fails: 2 s open
-			t.Fatal("no probe after the open period")
-		}
-		time.Sleep(500 * time.Millisecond)
-		if oe := refusal(); oe.RetryAfter != 1500*time.Millisecond {
-			t.Errorf("after a failed probe: RetryAfter %v, want 1.5s of the doubled 2s", oe.RetryAfter)
-		}
-	})
+		return oe
+	}
+	run(t, b, herdguard.Failure)
+	clk.Advance(300 * time.Millisecond)
+	oe := refusal()
+	if oe.State != breaker.Open || oe.RetryAfter != 700*time.Millisecond {
+		t.Errorf("refusal %+v, want open with RetryAfter 700ms", oe)
+	}
+	if want := "is open for 700ms more"; !strings.Contains(oe.Error(), want) {
+		t.Errorf("message %q, want it to say %q", oe.Error(), want)
+	}
+	clk.Advance(701 * time.Millisecond)                      // past the open period
+	if _, probe, _ := run(t, b, herdguard.Failure); !probe { // the probe fails: 2 s open
+		t.Fatal("no probe after the open period")
+	}
+	clk.Advance(500 * time.Millisecond)
+	if oe := refusal(); oe.RetryAfter != 1500*time.Millisecond {
+		t.Errorf("after a failed probe: RetryAfter %v, want 1.5s of the doubled 2s", oe.RetryAfter)
+	}
 }

@@ -2,13 +2,11 @@ package breaker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -17,92 +15,81 @@ import (
 	"github.com/herdguard/herdguard/internal/testutil"
 )
 
-// TestFastPathMatchesGobreaker drives a Breaker and a plain gobreaker with
-// the same settings through the same long random sequence of calls and
-// pauses, and checks after every call that both let the same calls through,
+// TestFastPathMatchesTheSlowPath drives a Breaker and a reference with the
+// same settings whose every call goes through gobreaker (no fast path)
+// through the same long random sequence of calls and pauses on a fake
+// clock, and checks after every call that both let the same calls through,
 // as probes or not, and hold the same state and failure counts. With
 // FailureRatio set there is no fast path and every count must match.
-func TestFastPathMatchesGobreaker(t *testing.T) {
+func TestFastPathMatchesTheSlowPath(t *testing.T) {
 	settings := []Settings{
 		{ConsecutiveFailures: 1},
 		{ConsecutiveFailures: 3},
 		{ConsecutiveFailures: 5, HalfOpenMaxRequests: 3},
 		{ConsecutiveFailures: 4, Window: 2 * time.Second, OpenTimeout: time.Second, HalfOpenMaxRequests: 2},
 		{ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 4, Window: 3 * time.Second},
+		{}, // the default rule: a run that has lasted DownAfter
 	}
 	pauses := []time.Duration{0, 0, 0, 10 * time.Millisecond, 300 * time.Millisecond, time.Second, 6 * time.Second}
 	for _, s := range settings {
 		for seed := range uint64(8) {
 			t.Run(fmt.Sprintf("%+v/seed=%d", s, seed), func(t *testing.T) {
-				synctest.Test(t, func(t *testing.T) {
-					// gobreaker's open period is fixed: so is this one.
-					s := s.WithDefaults()
-					s.MaxOpenTimeout = s.OpenTimeout
-					b := newBreaker("x", s)
-					refState := Closed
-					ref := gobreaker.NewCircuitBreaker[struct{}](gobreakerSettings("x", s, func(to State) { refState = to }))
-					rng := rand.New(rand.NewPCG(seed, 1))
-					quietCalls, transitions := 0, 0
-					failing := false
-					for i := range 3000 {
-						// Bursts: the server is up or down for a while.
-						if rng.IntN(20) == 0 {
-							failing = !failing
-						}
-						v := herdguard.Success
-						switch r := rng.IntN(10); {
-						case r == 0:
-							v = herdguard.Ignored
-						case failing && r < 9, !failing && r == 1:
-							v = herdguard.Failure
-						}
-						if b.quiet() {
-							quietCalls++
-						}
-						var ran, probe, refRan, refProbe bool
-						_, _, err := b.Execute(func(p bool) herdguard.Verdict { ran, probe = true, p; return v })
-						_, refErr := ref.Execute(func() (struct{}, error) {
-							refRan, refProbe = true, refState != Closed
-							switch v {
-							case herdguard.Failure:
-								return struct{}{}, errFailure
-							case herdguard.Ignored:
-								return struct{}{}, errExcluded
-							}
-							return struct{}{}, nil
-						})
-						refRefused := errors.Is(refErr, gobreaker.ErrOpenState) || errors.Is(refErr, gobreaker.ErrTooManyRequests)
-						if ran != refRan || probe != refProbe || (err != nil) != refRefused {
-							t.Fatalf("call %d (%v): ran=%v probe=%v err=%v; gobreaker ran=%v probe=%v err=%v",
-								i, v, ran, probe, err, refRan, refProbe, refErr)
-						}
-						got, want := b.State(), fromGobreaker(ref.State())
-						if got != want {
-							t.Fatalf("call %d (%v): state %v, gobreaker %v", i, v, got, want)
-						}
-						if got != Closed {
-							transitions++
-						}
-						gc, wc := b.Counts(), countsOf(ref.Counts())
-						if s.FailureRatio == 0 {
-							gc = Counts{TotalFailures: gc.TotalFailures, ConsecutiveFailures: gc.ConsecutiveFailures}
-							wc = Counts{TotalFailures: wc.TotalFailures, ConsecutiveFailures: wc.ConsecutiveFailures}
-						}
-						if gc != wc {
-							t.Fatalf("call %d (%v): counts %+v, gobreaker %+v", i, v, gc, wc)
-						}
-						time.Sleep(pauses[rng.IntN(len(pauses))])
+				clk := testutil.NewClock(time.Now())
+				s.Now = clk.Now
+				s := s.WithDefaults()
+				b, ref := newBreaker("x", s), newBreaker("x", s)
+				ref.fast = false
+				rng := rand.New(rand.NewPCG(seed, 1))
+				quietCalls, transitions := 0, 0
+				failing := false
+				for i := range 3000 {
+					// Bursts: the server is up or down for a while.
+					if rng.IntN(20) == 0 {
+						failing = !failing
 					}
-					if s.FailureRatio == 0 && quietCalls < 300 {
-						t.Errorf("only %d of 3000 calls took the fast path", quietCalls)
+					v := herdguard.Success
+					switch r := rng.IntN(10); {
+					case r == 0:
+						v = herdguard.Ignored
+					case failing && r < 9, !failing && r == 1:
+						v = herdguard.Failure
 					}
-					if s.FailureRatio > 0 && quietCalls > 0 {
-						t.Errorf("%d calls took the fast path with FailureRatio set", quietCalls)
+					if b.quiet() {
+						quietCalls++
 					}
-					if transitions == 0 {
-						t.Error("the breaker never left the closed state: the sequence tests nothing")
+					var ran, probe, refRan, refProbe bool
+					_, _, err := b.Execute(func(p bool) herdguard.Verdict { ran, probe = true, p; return v })
+					_, _, refErr := ref.Execute(func(p bool) herdguard.Verdict { refRan, refProbe = true, p; return v })
+					if ran != refRan || probe != refProbe || (err != nil) != (refErr != nil) {
+						t.Fatalf("call %d (%v): ran=%v probe=%v err=%v; slow path ran=%v probe=%v err=%v",
+							i, v, ran, probe, err, refRan, refProbe, refErr)
 					}
-				})
+					got, want := b.State(), ref.State()
+					if got != want {
+						t.Fatalf("call %d (%v): state %v, slow path %v", i, v, got, want)
+					}
+					if got != Closed {
+						transitions++
+					}
+					gc, wc := b.Counts(), ref.Counts()
+					if s.FailureRatio == 0 {
+						gc = Counts{TotalFailures: gc.TotalFailures, ConsecutiveFailures: gc.ConsecutiveFailures}
+						wc = Counts{TotalFailures: wc.TotalFailures, ConsecutiveFailures: wc.ConsecutiveFailures}
+					}
+					if gc != wc {
+						t.Fatalf("call %d (%v): counts %+v, slow path %+v", i, v, gc, wc)
+					}
+					clk.Advance(pauses[rng.IntN(len(pauses))])
+				}
+				if s.FailureRatio == 0 && quietCalls < 300 {
+					t.Errorf("only %d of 3000 calls took the fast path", quietCalls)
+				}
+				if s.FailureRatio > 0 && quietCalls > 0 {
+					t.Errorf("%d calls took the fast path with FailureRatio set", quietCalls)
+				}
+				if transitions == 0 {
+					t.Error("the breaker never left the closed state: the sequence tests nothing")
+				}
 			})
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/errs"
 
 	"github.com/herdguard/herdguard"
@@ -81,10 +82,20 @@ const (
 // not spoken to: the replica's own breaker decides alone.
 type FleetView struct {
 	state     atomic.Int32
-	openUntil atomic.Int64 // this process's clock, unix nanoseconds
+	openUntil atomic.Int64 // on now, unix nanoseconds
 	// takenUntil is when the probe leases of this open period lapse, as
 	// last heard: until then the replica refuses without asking.
 	takenUntil atomic.Int64
+	// now is the breaker's clock (Settings.Now); nil: the wall clock.
+	now func() time.Time
+}
+
+// unixNow returns the view's time in Unix nanoseconds.
+func (v *FleetView) unixNow() int64 {
+	if v.now == nil {
+		return clock.Real().Now().UnixNano()
+	}
+	return v.now().UnixNano()
 }
 
 // Calm records that the fleet's breaker is closed with no failure counted.
@@ -98,7 +109,7 @@ func (v *FleetView) Suspect() { v.state.Store(fleetSuspect) }
 // less: its open period is over and probes are leased).
 func (v *FleetView) Open(remaining time.Duration) {
 	v.takenUntil.Store(0)
-	v.openUntil.Store(time.Now().Add(remaining).UnixNano())
+	v.openUntil.Store(v.unixNow() + int64(remaining))
 	v.state.Store(fleetOpen)
 }
 
@@ -106,7 +117,7 @@ func (v *FleetView) Open(remaining time.Duration) {
 // leases taken for remaining more: the replica refuses without asking
 // until then, or until the fleet's state changes.
 func (v *FleetView) Taken(remaining time.Duration) {
-	v.takenUntil.Store(time.Now().Add(remaining).UnixNano())
+	v.takenUntil.Store(v.unixNow() + int64(remaining))
 	if v.state.Load() != fleetOpen {
 		v.openUntil.Store(0)
 		v.state.Store(fleetOpen)
@@ -129,7 +140,7 @@ func (v *FleetView) current() (s State, ok bool) {
 	case fleetCalm, fleetSuspect:
 		return Closed, true
 	case fleetOpen:
-		if time.Now().UnixNano() >= v.openUntil.Load() {
+		if v.unixNow() >= v.openUntil.Load() {
 			return HalfOpen, true
 		}
 		return Open, true
@@ -227,10 +238,10 @@ func (b *Breaker) allowShared() (done func(herdguard.Verdict), probe bool, err e
 // fleetRefusal is the refusal of an open fleet breaker while its open
 // period lasts, or while its probe leases are known to be taken.
 func (b *Breaker) fleetRefusal() *OpenError {
-	now := time.Now().UnixNano()
+	now := b.view.unixNow()
 	switch {
 	case now < b.view.openUntil.Load():
-		return openRefusal(b.scope, b.view.openUntil.Load(), true)
+		return openRefusal(b.scope, b.view.openUntil.Load(), now, true)
 	case now < b.view.takenUntil.Load():
 		return &OpenError{Scope: b.scope, State: HalfOpen, Shared: true}
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/errs"
 
 	"github.com/herdguard/herdguard"
@@ -85,9 +86,8 @@ type Settings struct {
 	// MinRequests is how many finished calls the ratio needs before it can
 	// trip. 0 means DefaultMinRequests (10).
 	MinRequests uint32
-	// Window is the rolling period the counts for FailureRatio cover
-	// (gobreaker's Interval, split into 10 buckets of BucketPeriod). 0 means
-	// DefaultWindow (10s).
+	// Window is the rolling period the counts for FailureRatio cover, in 10
+	// buckets. 0 means DefaultWindow (10s).
 	Window time.Duration
 	// OpenTimeout is how long the breaker stays open, the first time, before
 	// letting probes through. Each failed probe doubles the next open
@@ -141,6 +141,11 @@ type Settings struct {
 	// left out, see [Counts]). It runs while the breaker is locked: it must
 	// return quickly and must not call the breaker.
 	OnStateChange func(scope string, from, to State, counts Counts)
+	// Now is the breaker's time: when a run of failures began, which part
+	// of Window a call counts in, when an open period ends. nil means the
+	// wall clock. A test sets it to a fake clock's, to move the breaker's
+	// time without waiting.
+	Now func() time.Time
 }
 
 // Validate reports the first unusable field, naming it and its value.
@@ -192,6 +197,9 @@ func (s Settings) WithDefaults() Settings {
 	}
 	if s.HalfOpenMaxRequests == 0 {
 		s.HalfOpenMaxRequests = DefaultHalfOpenMaxRequests
+	}
+	if s.Now == nil {
+		s.Now = clock.Real().Now
 	}
 	return s
 }

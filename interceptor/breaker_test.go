@@ -149,18 +149,19 @@ func TestWithoutBreakerNeverRefuses(t *testing.T) {
 	}
 }
 
-// TestBreakerHalfOpenProbeIsOneAttempt runs in real time: gobreaker reads
-// the wall clock. The open period is short and the wait for it generous.
+// TestBreakerHalfOpenProbeIsOneAttempt: once the open period has passed on
+// the interceptor's clock, a probe is a single attempt, and a failed one
+// opens the breaker again.
 func TestBreakerHalfOpenProbeIsOneAttempt(t *testing.T) {
 	const openTimeout = 50 * ms
 	sc := fail(codes.Unavailable)
-	srv, c, _, ic := setup(t, sc, WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: openTimeout}))
+	srv, c, clk, ic := setup(t, sc, WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: openTimeout}))
 	b := ic.Breakers().Get(testserver.Target, testserver.MethodUnary)
 	call(t, c)
 	if b.State() != breaker.Open {
 		t.Fatalf("breaker %v, want open", b.State())
 	}
-	waitHalfOpen(t, b)
+	passOpen(t, clk, b)
 
 	n := srv.Requests()
 	if err := call(t, c); status.Code(err) != codes.Unavailable {
@@ -173,7 +174,7 @@ func TestBreakerHalfOpenProbeIsOneAttempt(t *testing.T) {
 		t.Fatalf("breaker %v after a failed probe, want open", b.State())
 	}
 
-	waitHalfOpen(t, b)
+	passOpen(t, clk, b)
 	sc.mu.Lock()
 	sc.errs = []error{nil}
 	sc.mu.Unlock()
@@ -185,14 +186,14 @@ func TestBreakerHalfOpenProbeIsOneAttempt(t *testing.T) {
 	}
 }
 
-func waitHalfOpen(t *testing.T, b *breaker.Breaker) {
+// passOpen moves clk, the breaker's clock, past b's open period (at most
+// DefaultMaxOpenTimeout, as the tests set it), and checks that b is then
+// half-open: the next call is its probe.
+func passOpen(t *testing.T, clk interface{ Advance(time.Duration) }, b *breaker.Breaker) {
 	t.Helper()
-	deadline := time.Now().Add(callTimeout)
-	for b.State() != breaker.HalfOpen {
-		if time.Now().After(deadline) {
-			t.Fatalf("breaker still %v after %v", b.State(), callTimeout)
-		}
-		time.Sleep(5 * ms)
+	clk.Advance(breaker.DefaultMaxOpenTimeout)
+	if got := b.State(); got != breaker.HalfOpen {
+		t.Fatalf("breaker %v past its open period, want half-open", got)
 	}
 }
 
@@ -454,9 +455,6 @@ func TestCallerEndedCallsDoNotTrip(t *testing.T) {
 // caller received a message, and when the server sent headers alone that
 // the caller has not read, also after Context() committed the stream
 // before they came.
-//
-// It runs in real time, as gobreaker reads the wall clock: the open period
-// is short and the waits for the breaker generous.
 func TestLongStreamClosesHalfOpenBreaker(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -497,7 +495,8 @@ func TestLongStreamClosesHalfOpenBreaker(t *testing.T) {
 					return nil
 				},
 			})
-			c, ic := streamClient(t, srv, WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 50 * ms}))
+			clk := newFakeClock()
+			c, ic := streamClient(t, srv, withClock(clk), WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 50 * ms}))
 			b := ic.Breakers().Get(testserver.Target, testserver.MethodUnary)
 			if err := call(t, c); status.Code(err) != codes.Unavailable {
 				t.Fatalf("tripping call: got %v, want Unavailable", err)
@@ -505,7 +504,7 @@ func TestLongStreamClosesHalfOpenBreaker(t *testing.T) {
 			if got := b.State(); got != breaker.Open {
 				t.Fatalf("breaker %v, want open", got)
 			}
-			waitHalfOpen(t, b)
+			passOpen(t, clk, b)
 			failing.Store(false)
 
 			stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})

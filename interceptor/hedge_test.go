@@ -493,7 +493,7 @@ func TestHedgeBreakerCountsOneCallAndProbesAlone(t *testing.T) {
 	if b.State() != breaker.Open {
 		t.Fatalf("breaker %v after two failed calls, want open", b.State())
 	}
-	waitHalfOpen(t, b)
+	passOpen(t, clk, b)
 	armed := len(clk.Delays())
 	release := make(chan struct{})
 	srv.on(1, func(ctx context.Context) (*testgrpc.SimpleResponse, error) {

@@ -215,6 +215,9 @@ func New(opts ...Option) (*Interceptor, error) {
 			ic.metering.transition(scope, from, to)
 			ic.events.breakerChanged(BreakerEvent{Scope: scope, From: from, To: to, Counts: counts})
 		}
+		if settings.Now == nil {
+			settings.Now = ic.clock.Now // one clock for the breaker, the retries and the controller
+		}
 		g, err := breaker.NewGroup(settings)
 		if err != nil { // validate has checked; kept so no error is dropped
 			return nil, err

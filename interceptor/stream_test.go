@@ -446,7 +446,8 @@ func TestStreamBreaker(t *testing.T) {
 	}, Unary: fail(codes.Unavailable).unary})
 	// The breaker alone: with the overload controller, a server that
 	// answered the probe and refuses again is an overload it paces.
-	c, ic := streamClient(t, srv, WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 50 * ms}), WithoutOverloadControl())
+	clk := newFakeClock()
+	c, ic := streamClient(t, srv, withClock(clk), WithBreaker(breaker.Settings{ConsecutiveFailures: 1, OpenTimeout: 50 * ms}), WithoutOverloadControl())
 	open := func() ([]string, error) {
 		stream, err := c.StreamingOutputCall(ctxT(t), &testgrpc.StreamingOutputCallRequest{})
 		if err != nil {
@@ -470,7 +471,7 @@ func TestStreamBreaker(t *testing.T) {
 		t.Error("an open breaker let a stream attempt through")
 	}
 
-	waitHalfOpen(t, b)
+	passOpen(t, clk, b)
 	if _, err := open(); status.Code(err) != codes.Unavailable {
 		t.Fatalf("probe: %v", err)
 	}
@@ -480,7 +481,7 @@ func TestStreamBreaker(t *testing.T) {
 	if got := b.State(); got != breaker.Open {
 		t.Fatalf("after a failed probe: %v, want open", got)
 	}
-	waitHalfOpen(t, b)
+	passOpen(t, clk, b)
 	mu.Lock()
 	failing = false
 	mu.Unlock()
