@@ -201,7 +201,7 @@ func headerCommittedMeanwhile(t *testing.T, ctx context.Context, c testgrpc.Test
 		md, err := cs.Header()
 		got <- header{md, err}
 	}()
-	waitGoroutine(t, "interceptor.(*clientStream).Header.func2", "grpc.(*clientStream).Header")
+	waitGoroutine(t, "interceptor.(*clientStream).Header.func1", "grpc.(*clientStream).Header")
 	_ = cs.Context() // commits the stream to the attempt Header waits on
 	release <- struct{}{}
 	h := <-got

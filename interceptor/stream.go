@@ -266,20 +266,12 @@ func (s *clientStream) SendMsg(m any) error {
 			return err
 		}
 	}
-	s.mu.Lock()
 	var (
 		err, end, ret error
 		headers       bool
 	)
-	if rerr := s.withRetry(
-		func(a *streamAttempt) bool {
-			if s.state.isOpen() {
-				return false
-			}
-			s.mu.Unlock()
-			ret = s.sendCommitted(a, m)
-			return true
-		},
+	a, settled, rerr := s.withRetry(
+		nil,
 		func(a *streamAttempt) {
 			err, end, headers = a.cs.SendMsg(m), nil, false
 			if err == io.EOF {
@@ -295,30 +287,31 @@ func (s *clientStream) SendMsg(m any) error {
 				if !s.bufferLocked(m) {
 					s.commitLocked(true)
 				}
-				s.mu.Unlock()
 				return stepDone, nil
 			case err != io.EOF:
 				// The client's own error (encoding, size, SendMsg after
 				// CloseSend): gRPC ends the stream with it, and so do we.
 				// It says nothing of the server.
 				a.clientErr = true
-				s.finishUnlock(err, true)
 				ret = err
-				return stepDone, nil
+				return stepEnd, err
 			case !s.state.isOpen() || headers || end == io.EOF:
 				// The server answered this attempt, or the stream committed
 				// or ended meanwhile: the stream stays with it, and RecvMsg
 				// tells how it ended.
 				s.answered = s.answered || headers || end == io.EOF
 				s.commitLocked(false)
-				s.mu.Unlock()
 				ret = io.EOF
 				return stepDone, nil
 			}
 			return stepRetry, end
 		},
-	); rerr != nil {
+	)
+	switch {
+	case rerr != nil:
 		return io.EOF // RecvMsg reports the stream's status
+	case settled:
+		return s.sendCommitted(a, m)
 	}
 	return ret
 }
@@ -329,22 +322,15 @@ func (s *clientStream) RecvMsg(m any) error {
 	if h := s.hedged; h != nil {
 		<-h.decided // a hedged stream is read once it has committed or ended
 	}
-	s.mu.Lock()
-	var err, ret error
-	if rerr := s.withRetry(
-		func(a *streamAttempt) bool {
-			switch {
-			case s.state == streamEnded || s.state == streamDone && a.cs == nil:
-				ret = s.finalLocked()
-				s.mu.Unlock()
-				s.ended.Wait()
-			case s.state.isCommitted():
-				s.mu.Unlock()
-				ret = s.recvCommitted(a, m)
-			default:
-				return false
+	var (
+		err, ret    error
+		final, done bool // the stream ended with ret; the attempt's result is err, for recvDone
+	)
+	a, settled, rerr := s.withRetry(
+		func(a *streamAttempt) {
+			if s.state == streamEnded || s.state == streamDone && a.cs == nil {
+				final, ret = true, s.finalLocked()
 			}
-			return true
 		},
 		func(a *streamAttempt) { err = a.recvFor(s.ctx, m) },
 		func(a *streamAttempt) (step, error) {
@@ -359,27 +345,32 @@ func (s *clientStream) RecvMsg(m any) error {
 					s.answeredLocked()
 				}
 				if !s.desc.ServerStreams {
-					s.finishUnlock(nil, true) // gRPC read the one response to the end
-				} else {
-					s.mu.Unlock()
+					return stepEnd, nil // gRPC read the one response to the end
 				}
-				ret = nil
 				return stepDone, nil
 			case a != s.a || s.state.isEnded():
 				return stepAgain, nil // another goroutine moved the stream on
 			case s.state.isCommitted() || err == io.EOF:
 				// It ended OK, or it committed meanwhile (Context, Trailer):
 				// no retry.
-				s.mu.Unlock()
-				ret = s.recvDone(a, err)
+				done = true
 				return stepDone, nil
 			}
 			return stepRetry, err
 		},
-	); rerr != nil {
+	)
+	switch {
+	case rerr != nil:
 		return rerr
+	case settled && final:
+		s.ended.Wait() // another goroutine may still be recording the end
+		return ret
+	case settled:
+		return s.recvCommitted(a, m)
+	case done:
+		return s.recvDone(a, err)
 	}
-	return ret
+	return nil
 }
 
 // Header returns the response headers. Like gRPC's, it drives a retry when
@@ -390,29 +381,12 @@ func (s *clientStream) Header() (metadata.MD, error) {
 	if h := s.hedged; h != nil {
 		<-h.decided
 	}
-	s.mu.Lock()
 	var (
-		md, retMD metadata.MD
-		err, end  error
-		retErr    error
+		md       metadata.MD
+		err, end error
 	)
-	if rerr := s.withRetry(
-		func(a *streamAttempt) bool {
-			if s.state.isOpen() {
-				return false
-			}
-			s.mu.Unlock()
-			if a.cs == nil {
-				return true
-			}
-			retMD, retErr = a.cs.Header()
-			if retMD != nil {
-				s.mu.Lock()
-				s.answeredLocked()
-				s.mu.Unlock()
-			}
-			return true
-		},
+	a, settled, rerr := s.withRetry(
+		nil,
 		func(a *streamAttempt) {
 			md, err = a.cs.Header()
 			end = nil
@@ -431,8 +405,6 @@ func (s *clientStream) Header() (metadata.MD, error) {
 				return stepRetry, errExpired() // the timeout was first
 			case md != nil:
 				s.answeredLocked()
-				s.mu.Unlock()
-				retMD = md
 				return stepDone, nil
 			case s.state.isCommitted() || end == io.EOF:
 				// A trailers-only OK, or the stream committed meanwhile: it
@@ -442,56 +414,80 @@ func (s *clientStream) Header() (metadata.MD, error) {
 					end = nil
 				}
 				s.gaveUpBelowLocked(a, end)
-				s.finishUnlock(end, true)
-				return stepDone, nil
+				md = nil
+				return stepEnd, end
 			}
 			return stepRetry, end
 		},
-	); rerr != nil {
+	)
+	switch {
+	case rerr != nil:
 		return nil, nil // RecvMsg reports the error
+	case settled:
+		if a.cs == nil {
+			return nil, nil
+		}
+		md, err := a.cs.Header()
+		if md != nil {
+			s.mu.Lock()
+			s.answeredLocked()
+			s.mu.Unlock()
+		}
+		return md, err
 	}
-	return retMD, retErr
+	return md, nil
 }
 
 // step is what a stream operation's judge tells withRetry.
 type step int
 
 const (
-	stepDone  step = iota // the operation is over: its result is set, the lock released
+	stepDone  step = iota // the operation is over, its result set
 	stepAgain             // the stream moved on meanwhile: run it again on the current attempt
 	stepRetry             // the attempt ended with the error given: retry the stream
+	stepEnd               // the operation ended the stream, with the error given (nil: OK)
 )
 
 // withRetry is the one loop every stream operation (SendMsg, RecvMsg,
 // Header) runs until the stream commits, as grpc-go's clientStream runs
-// its operations: the caller holds the lock. Each turn, committed (under
-// the lock) handles a stream that has committed or ended, and reports true
-// once it has, with the lock released; otherwise run runs the operation on
-// the current attempt outside the lock, and judge, under it again, says
-// whether it is done, must run again, or ended the attempt. An ended
-// attempt goes to retryLocked, the one function that decides, waits,
-// opens and replays the next. withRetry returns the stream's final error,
-// having finished the stream, when the retry ended it; nil otherwise. It
-// returns with the lock released.
-func (s *clientStream) withRetry(committed func(a *streamAttempt) bool, run func(a *streamAttempt), judge func(a *streamAttempt) (step, error)) error {
+// its operations, and the one place that takes and releases the stream's
+// lock for them. Each turn, if the stream has committed or ended, it calls
+// settled (if set) under the lock, and returns the current attempt with
+// settled true: the caller goes on with it outside the lock. Otherwise run
+// runs the operation on the current attempt outside the lock, and judge,
+// under it again, says whether the operation is done, must run again,
+// ended the attempt (retryLocked, the one function that decides, waits,
+// opens and replays the next attempt, takes it from there), or ended the
+// stream. withRetry returns the stream's final error when a retry ended
+// it; nil otherwise. It returns with the lock released.
+func (s *clientStream) withRetry(settled func(a *streamAttempt), run func(a *streamAttempt), judge func(a *streamAttempt) (step, error)) (*streamAttempt, bool, error) {
+	s.mu.Lock()
 	for {
 		a := s.a
-		if committed(a) {
-			return nil
+		if !s.state.isOpen() {
+			if settled != nil {
+				settled(a)
+			}
+			s.mu.Unlock()
+			return a, true, nil
 		}
 		s.mu.Unlock()
 		run(a)
 		s.mu.Lock()
-		st, end := judge(a)
+		st, err := judge(a)
 		switch st {
 		case stepDone:
-			return nil
+			s.mu.Unlock()
+			return a, false, nil
 		case stepAgain:
 			continue
+		case stepEnd:
+			s.finishUnlock(err, true)
+			return a, false, nil
 		}
-		if rerr := s.retryLocked(a, end); rerr != nil {
+		if rerr := s.retryLocked(a, err); rerr != nil {
 			s.finishUnlock(rerr, true)
-			return rerr
+			return a, false, rerr
 		}
 	}
 }
