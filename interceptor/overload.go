@@ -150,7 +150,11 @@ func (ic *Interceptor) held(ctx context.Context, tracer trace.Tracer, method, ta
 // and won say whether it was a hedge, and the one whose answer the call
 // kept. Every attempt is finished here, once.
 func (ic *Interceptor) finish(ctx context.Context, method, target string, t *ticket, e *attemptEnd, hedge, won bool) {
-	if t.ctl != nil && t.live {
+	switch {
+	case t.ctl == nil || !t.live:
+	case e.err == nil && len(e.trailer) == 0 && t.sent.IsZero():
+		t.ctl.Done(pacing.Answered, 0) // an answer while calm: outcome's first case, without the call
+	default:
 		if o, took, ok := t.outcome(ctx, ic.clock, e); ok {
 			t.ctl.Done(o, took)
 		}
