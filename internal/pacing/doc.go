@@ -71,7 +71,9 @@
 //  6. Restart. The first answer after a collapse restarts the rate at the
 //     target rate: what this client's traffic got before the episode,
 //     less setbacks, or, for a fresh client, Headroom of the most the
-//     target answered in one Interval. It holds for Hold. (TestRestart)
+//     target answered in one Interval, counting the answers to attempts in
+//     flight when the episode began that come after it (a herd's answers
+//     can come back after its refusals). It holds for Hold. (TestRestart)
 //  7. Setback. Refusals beyond the own share at the current rate bring it
 //     to Headroom of what the target answered since that rate was set
 //     (every answer: a target that queues answers late what it refuses at

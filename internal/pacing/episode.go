@@ -30,6 +30,10 @@ type episode struct {
 	target   float64
 	setbacks int
 	holdTill time.Time // no growth before this (rules 6 and 7)
+	// early is the outcomes still to come of the attempts in flight when
+	// the episode began: a fresh client's target counts their answers
+	// too (rule 6).
+	early float64
 
 	// sample is the outcomes of the attempts sent since the rate was last
 	// set, which the next decision judges (the first outcomes after it,
@@ -75,25 +79,54 @@ func (c *Controller) perInterval(n float64, d time.Duration) float64 {
 // goes to what this client's traffic got before the episode or, for a
 // fresh client, to Headroom of the most the server answered in one
 // Interval of the Window: a herd's burst shows what the server takes per
-// Interval.
+// Interval, and its answers that come after its refusals count too
+// (lateAnswerLocked).
 func (c *Controller) beginLocked(now time.Time, e counts, span time.Duration) {
 	c.pacing.Store(true)
 	c.stats.episodes.Add(1)
 	c.lastPaced = now
-	var took float64
-	for k := range buckets {
-		took = max(took, c.ev.last(k).answered)
-	}
 	c.ep = episode{began: now, refilled: now, sampleFrom: now, trig: e, trigRate: c.perInterval(e.outcomes(), span), spell: now,
-		target: c.known, holdTill: now.Add(c.s.Hold)}
+		target: c.known, holdTill: now.Add(c.s.Hold), early: c.inflight}
 	if c.known == 0 {
-		c.ep.target = c.s.Headroom * took // a fresh client knows only what it saw now
+		c.ep.target = c.s.Headroom * c.mostAnswered() // a fresh client knows only what it saw now
 	}
 	rate := 0.0 // rule 5: the server collapsed
 	if !c.collapsedRun() {
 		rate = c.s.Headroom * e.answered * float64(c.s.Interval) / float64(max(span, minWait))
 	}
 	c.setRateLocked(now, rate)
+}
+
+// mostAnswered is the most the server answered in one Interval of the
+// Window.
+func (c *Controller) mostAnswered() float64 {
+	var most float64
+	for k := range buckets {
+		most = max(most, c.ev.last(k).answered)
+	}
+	return most
+}
+
+// lateAnswerLocked counts an answer to an attempt that was in flight when
+// the episode began (rule 6). A fresh client's target is Headroom of the
+// most the server answered in one Interval, and a herd's answers can come
+// back after enough of its refusals to begin the episode: each raises
+// the target, and a rate just restarted at the target (not grown, not set
+// back) rises with it.
+func (c *Controller) lateAnswerLocked(now time.Time) {
+	ep := &c.ep
+	if c.known != 0 || ep.setbacks != 0 {
+		return
+	}
+	t := c.s.Headroom * c.mostAnswered()
+	if t <= ep.target {
+		return
+	}
+	ep.target = t
+	if !ep.collapsed && ep.tried && ep.stepped == 1 && ep.rate < t {
+		ep.rate = t
+		c.serveLocked(now)
+	}
 }
 
 // setRateLocked sets the rate; 0 means the server collapsed: probes only.
@@ -133,6 +166,10 @@ func (c *Controller) answeredLocked(now time.Time, took time.Duration) {
 		ep.sample.answered++
 	}
 	ep.answered++
+	if ep.early >= 1 {
+		ep.early--
+		c.lateAnswerLocked(now)
+	}
 	ep.spell, ep.probesRefused = time.Time{}, 0
 	if took > 0 && (ep.took == 0 || took < ep.took) {
 		ep.took = took
@@ -162,6 +199,7 @@ func (c *Controller) refusedLocked(now time.Time, late bool) {
 	} else {
 		ep.sample.refused++
 	}
+	ep.early = max(ep.early-1, 0)
 	if ep.spell.IsZero() {
 		ep.spell = now
 	}

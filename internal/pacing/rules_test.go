@@ -519,6 +519,34 @@ func TestRestart(t *testing.T) {
 	if r.c.ep.collapsed {
 		t.Error("still collapsed")
 	}
+	t.Run("a fresh client's herd answered late", func(t *testing.T) {
+		// A herd of 500 attempts at once at a server that takes 40 an
+		// Interval: its refusals come back first, enough of them to begin
+		// the episode, and the 40 answers after. The target, and the rate
+		// restarted at it, are Headroom of the 40, not of the answers that
+		// happened to come before the judgement.
+		r := newRig(t, overload.Settings{})
+		for range 500 {
+			r.sent()
+		}
+		r.c.Done(Answered, 0)
+		for range 460 {
+			r.c.Done(Overloaded, 0)
+		}
+		if !r.c.Pacing() || !r.c.ep.collapsed {
+			t.Fatalf("pacing %v, collapsed %v after the herd's refusals; want collapsed", r.c.Pacing(), r.c.ep.collapsed)
+		}
+		for range 39 {
+			r.c.Done(Answered, 0)
+		}
+		want := overload.DefaultHeadroom * 40
+		if got := r.c.ep.target; !near(got, want) {
+			t.Errorf("target %v after the herd's late answers, want %v: Headroom of its 40", got, want)
+		}
+		if got := r.rate(); !near(got, want) {
+			t.Errorf("rate %v, want the restarted rate at the target, %v", got, want)
+		}
+	})
 }
 
 // Rule 7: refusals at a rate the controller tried lower the target to
