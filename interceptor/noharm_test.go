@@ -167,15 +167,17 @@ func closedLoop(c testgrpc.TestServiceClient, workers int, d time.Duration) int 
 
 // TestTimingNoHarmPartialFailuresClosedLoop: 8 callers in a closed loop,
 // waits of 1 to 10 ms, to a server that fails two attempts in three on its
-// own: the defaults make at least 0.8 of the calls ok that retries alone
-// make, medians of 5 runs of each, taken in turn. Single runs of 1.5 s
-// spread: the defaults made 0.77 to 0.96 of retries alone's calls ok on
-// the 2-core machine, as a run of refusals the server's own share makes
-// now and then at thousands of attempts a second is taken for a collapse,
-// and holds the callers to probes until the next answer. It counts calls
-// a second, which the race detector's overhead sets (more of it for the
-// defaults, which run the breaker and the controller too): make timing
-// runs it without -race.
+// own: the defaults make at least 0.85 of the calls ok that retries alone
+// make, medians of 5 runs of each, taken in turn. At thousands of answers
+// a second, a run of refusals the server's own share makes once in 10⁴
+// comes every few seconds; taken for a collapse, it would hold the
+// callers to probes until the next answer. A collapse is a run that share
+// makes less than once an hour at the answers per second (rule 5): the
+// defaults make 0.92 to 0.96 of retries alone's calls ok in single runs on
+// the 2-core machine, 0.93 with a go test -race running beside them. It
+// counts calls a second, which the race detector's overhead sets (more of
+// it for the defaults, which run the breaker and the controller too):
+// make timing runs it without -race.
 func TestTimingNoHarmPartialFailuresClosedLoop(t *testing.T) {
 	testutil.Timing(t, raceEnabled, "counts calls a second")
 	p := policy.Policy{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond}
@@ -198,8 +200,8 @@ func TestTimingNoHarmPartialFailuresClosedLoop(t *testing.T) {
 	}
 	alone, defaults := median(got["retries alone"]), median(got["defaults"])
 	t.Logf("ok calls in 1.5 s: retries alone %v (median %d), defaults %v (median %d)", got["retries alone"], alone, got["defaults"], defaults)
-	if defaults*10 < alone*8 {
-		t.Errorf("the defaults made %d ok calls (median of 5), retries alone %d: want at least 0.8 of them", defaults, alone)
+	if defaults*100 < alone*85 {
+		t.Errorf("the defaults made %d ok calls (median of 5), retries alone %d: want at least 0.85 of them", defaults, alone)
 	}
 }
 

@@ -59,14 +59,17 @@
 //     judge: a fleet's other clients may keep the target collapsed.
 //     (TestIndependentFailures)
 //  5. Collapse. A run of refusals, most of the attempts sent since the last
-//     answer, that the own share makes by chance less than once in 10⁴
-//     (at least MinFailures; the own share is counted as if MinFailures
-//     more attempts had been refused at FailureRatio, so a client that
-//     has learnt little needs a longer run) says the target collapsed:
-//     only probes go, a quarter of what this client's traffic got per
-//     Interval (before anything was answered, a sixteenth of what it
-//     asked to send), at most one per Interval and at least one per 2 s,
-//     at random gaps so that a fleet does not probe in step.
+//     answer and at least MinFailures, that the own share makes by chance
+//     less than once in 10⁴ and less than once an hour at the answers per
+//     second of the Window (a run begins at every answer: a client that
+//     gets thousands a second would otherwise take a server's own failures
+//     for a collapse every few seconds; the own share is counted as if
+//     MinFailures more attempts had been refused at FailureRatio, so a
+//     client that has learnt little needs a longer run) says the target
+//     collapsed: only probes go, a quarter of what this client's traffic
+//     got per Interval (before anything was answered, a sixteenth of what
+//     it asked to send), at most one per Interval and at least one per
+//     2 s, at random gaps so that a fleet does not probe in step.
 //     (TestCollapseAndProbes)
 //  6. Restart. The first answer after a collapse restarts the rate at the
 //     target rate: what this client's traffic got before the episode,

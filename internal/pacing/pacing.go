@@ -40,8 +40,13 @@ const (
 	// the evidence that lowered the rate is refused as much (rule 4).
 	sdSame = 2
 	// chance: a collapse is a run of refusals that the share the server
-	// fails on its own would make less often than this (rule 5).
-	chance = 1e-4
+	// fails on its own would make less often than this (rule 5), and less
+	// often than once per falseCollapse at the rate runs begin (one per
+	// answer): a client that gets thousands of answers a second would
+	// otherwise take a server's own failures for a collapse every few
+	// seconds.
+	chance        = 1e-4
+	falseCollapse = time.Hour
 	// probeShare: a collapsed server is probed at 1/probeShare of what
 	// this client's traffic got from it per Interval (rule 5), at most
 	// once per Interval and at least once per probeFloor Intervals.
@@ -480,7 +485,8 @@ func (c *Controller) aboveOwn(e counts) bool {
 // collapsedRun reports whether the refusals since the server's last answer
 // show it collapsed (rule 5): at least MinFailures of them, and a longer
 // run than the share the server fails on its own makes by chance once in
-// 1/chance. That share is the one learnt (rule 3), counted as if
+// 1/chance, and once per falseCollapse at the answers per second of the
+// Window. That share is the one learnt (rule 3), counted as if
 // MinFailures more attempts had been refused at FailureRatio, so that a
 // client that has learnt little judges a run as if the server failed
 // FailureRatio on its own.
@@ -488,7 +494,8 @@ func (c *Controller) collapsedRun() bool {
 	need := float64(c.s.MinFailures)
 	own := (c.baseR + c.s.FailureRatio*need) / (c.baseN + need)
 	if own > 0 && own < 1 {
-		need = max(need, math.Log(chance)/math.Log(own))
+		runs := c.ev.total().answered / (buckets * c.s.Interval.Seconds()) * falseCollapse.Seconds() // runs begun per falseCollapse
+		need = max(need, math.Log(min(chance, 1/max(runs, 1)))/math.Log(own))
 	}
 	// Refusals often come back ahead of the answers to attempts sent with
 	// them: the run is a collapse only once it is most of the attempts in

@@ -485,6 +485,27 @@ func TestCollapseAndProbes(t *testing.T) {
 			t.Error("a run of 10 at a server failing 67 % on its own: collapsed")
 		}
 	})
+	t.Run("a busy client's run", func(t *testing.T) {
+		// 1000 answers a second from a server that fails 67 % on its own:
+		// a run begins at each answer, so a run the own share makes once
+		// in 10⁴ (23: 0.67²³ < 10⁻⁴) would come every few seconds. Once an
+		// hour at that rate (3.6 million runs) takes 38: 0.67³⁸ < 1/3.6e6.
+		r := newRig(t, overload.Settings{})
+		for range buckets {
+			r.calm(100)
+			r.advance(overload.DefaultInterval)
+		}
+		r.c.State() // the Window's last Interval learnt from
+		r.c.base, r.c.baseR, r.c.baseN = 0.67, 670, 1000
+		run := 0
+		for run < 60 && !r.c.Pacing() {
+			r.outcomes(Overloaded, 1)
+			run++
+		}
+		if !r.c.ep.collapsed || run < 37 || run > 39 {
+			t.Errorf("collapsed %v after a run of %d at about 1000 answers a second; want a collapse after 38 (0.67³⁸ < 1/3.6e6), give or take one for the answers the Window holds", r.c.ep.collapsed, run)
+		}
+	})
 	t.Run("a small client's probes", func(t *testing.T) {
 		r := newRig(t, overload.Settings{})
 		for range buckets { // 0.6 answers an Interval
@@ -492,14 +513,16 @@ func TestCollapseAndProbes(t *testing.T) {
 			r.advance(overload.DefaultInterval * 5 / 3)
 		}
 		// Little learnt: the run must be unlikely at FailureRatio too,
-		// 14 at most (0.5¹⁴ < 10⁻⁴), more than MinFailures.
+		// below 10⁻⁴ and once an hour at the 6 answers a second of its
+		// Window (21,600 runs begun): 15 at most (0.5¹⁵ < 1/21,600), more
+		// than MinFailures.
 		run := 0
 		for run < 20 && !r.c.ep.collapsed {
 			r.outcomes(Overloaded, 1)
 			run++
 		}
-		if run <= overload.DefaultMinFailures || run > 14 {
-			t.Fatalf("collapsed after a run of %d, with 10 answers in 1.7 s; want more than %d, at most 14", run, overload.DefaultMinFailures)
+		if run <= overload.DefaultMinFailures || run > 15 {
+			t.Fatalf("collapsed after a run of %d, with 10 answers in 1.7 s; want more than %d, at most 15", run, overload.DefaultMinFailures)
 		}
 		if got := r.rate(); got >= 0.5 || got < 1.0/probeFloor {
 			t.Errorf("a client whose traffic got 0.6 an Interval probes %v an Interval, want a quarter of that, at least 1/%d", got, probeFloor)
