@@ -60,13 +60,13 @@
 //     (TestIndependentFailures)
 //  5. Collapse. A run of refusals, most of the attempts sent since the last
 //     answer and at least MinFailures, that the own share makes by chance
-//     less than once in 10⁴ and less than once an hour at the answers per
-//     second of the Window (a run begins at every answer: a client that
-//     gets thousands a second would otherwise take a server's own failures
-//     for a collapse every few seconds; the own share is counted as if
-//     MinFailures more attempts had been refused at FailureRatio, so a
-//     client that has learnt little needs a longer run) says the target
-//     collapsed: only probes go, a quarter of what this client's traffic
+//     less than once in 10⁴ and, at the share learnt, less than once an
+//     hour at the answers per second of the Window (a run begins at every
+//     answer: a client that gets thousands a second would otherwise take a
+//     server's own failures for a collapse every few seconds; for 10⁴ the
+//     own share is counted as if MinFailures more attempts had been
+//     refused at FailureRatio, so a client that has learnt little needs a
+//     longer run) says the target collapsed: only probes go, a quarter of what this client's traffic
 //     got per Interval (before anything was answered, a sixteenth of what
 //     it asked to send), at most one per Interval and at least one per
 //     2 s, at random gaps so that a fleet does not probe in step.

@@ -485,17 +485,23 @@ func (c *Controller) aboveOwn(e counts) bool {
 // collapsedRun reports whether the refusals since the server's last answer
 // show it collapsed (rule 5): at least MinFailures of them, and a longer
 // run than the share the server fails on its own makes by chance once in
-// 1/chance, and once per falseCollapse at the answers per second of the
-// Window. That share is the one learnt (rule 3), counted as if
+// 1/chance. That share is the one learnt (rule 3), counted as if
 // MinFailures more attempts had been refused at FailureRatio, so that a
 // client that has learnt little judges a run as if the server failed
-// FailureRatio on its own.
+// FailureRatio on its own. The share learnt must also make the run less
+// often than once per falseCollapse at the answers per second of the
+// Window.
 func (c *Controller) collapsedRun() bool {
 	need := float64(c.s.MinFailures)
 	own := (c.baseR + c.s.FailureRatio*need) / (c.baseN + need)
 	if own > 0 && own < 1 {
-		runs := c.ev.total().answered / (buckets * c.s.Interval.Seconds()) * falseCollapse.Seconds() // runs begun per falseCollapse
-		need = max(need, math.Log(min(chance, 1/max(runs, 1)))/math.Log(own))
+		need = max(need, math.Log(chance)/math.Log(own))
+	}
+	// Runs begin at every answer: at the Window's answers per second, the
+	// share learnt must make the run less often than once per
+	// falseCollapse, when that is rarer than 1/chance.
+	if runs := c.ev.total().answered / (buckets * c.s.Interval.Seconds()) * falseCollapse.Seconds(); c.base > 0 && c.base < 1 && runs*chance > 1 {
+		need = max(need, math.Log(1/runs)/math.Log(c.base))
 	}
 	// Refusals often come back ahead of the answers to attempts sent with
 	// them: the run is a collapse only once it is most of the attempts in

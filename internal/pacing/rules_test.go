@@ -513,16 +513,14 @@ func TestCollapseAndProbes(t *testing.T) {
 			r.advance(overload.DefaultInterval * 5 / 3)
 		}
 		// Little learnt: the run must be unlikely at FailureRatio too,
-		// below 10⁻⁴ and once an hour at the 6 answers a second of its
-		// Window (21,600 runs begun): 15 at most (0.5¹⁵ < 1/21,600), more
-		// than MinFailures.
+		// 14 at most (0.5¹⁴ < 10⁻⁴), more than MinFailures.
 		run := 0
 		for run < 20 && !r.c.ep.collapsed {
 			r.outcomes(Overloaded, 1)
 			run++
 		}
-		if run <= overload.DefaultMinFailures || run > 15 {
-			t.Fatalf("collapsed after a run of %d, with 10 answers in 1.7 s; want more than %d, at most 15", run, overload.DefaultMinFailures)
+		if run <= overload.DefaultMinFailures || run > 14 {
+			t.Fatalf("collapsed after a run of %d, with 10 answers in 1.7 s; want more than %d, at most 14", run, overload.DefaultMinFailures)
 		}
 		if got := r.rate(); got >= 0.5 || got < 1.0/probeFloor {
 			t.Errorf("a client whose traffic got 0.6 an Interval probes %v an Interval, want a quarter of that, at least 1/%d", got, probeFloor)
