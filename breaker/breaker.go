@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/herdguard/herdguard/internal/errs"
+	"github.com/herdguard/herdguard/internal/window"
 
 	"github.com/sony/gobreaker/v2"
 	"google.golang.org/grpc/codes"
@@ -196,7 +197,7 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 	// since counts the calls gobreaker counted since the last transition,
 	// for OnStateChange to say what a transition was judged on: its
 	// ConsecutiveFailures is the current run of failed calls, and runStart
-	// is when that run began; window counts the calls of the last Window
+	// is when that run began; calls counts the calls of the last Window
 	// for FailureRatio. gobreaker calls IsSuccessful for every call it
 	// counts, ReadyToTrip at every failure of a closed breaker and
 	// OnStateChange at every transition, each under its lock, which guards
@@ -205,7 +206,7 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 	var (
 		since    Counts
 		runStart time.Time
-		window   = ratioWindow{bucket: s.Window / windowBuckets}
+		calls    = window.NewPair(s.Window, now()) // successes and failures, for FailureRatio
 	)
 	return gobreaker.Settings{
 		Name:        scope,
@@ -227,12 +228,12 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 			if ratio == 0 {
 				return false
 			}
-			ok, failed := window.totals(now())
-			return ok+failed >= minRequests && float64(failed) >= ratio*float64(ok+failed)
+			ok, failed := calls.Sums(now())
+			return ok+failed >= int64(minRequests) && float64(failed) >= ratio*float64(ok+failed)
 		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			judged := since
-			since, window = Counts{}, ratioWindow{bucket: window.bucket} // gobreaker starts its counts afresh
+			since, calls = Counts{}, window.NewPair(s.Window, now()) // gobreaker starts its counts afresh
 			mirror(fromGobreaker(to))
 			if onChange != nil {
 				onChange(scope, fromGobreaker(from), fromGobreaker(to), judged)
@@ -241,7 +242,11 @@ func gobreakerSettings(scope string, s Settings, mirror func(State)) gobreaker.S
 		IsSuccessful: func(err error) bool {
 			since.Requests++
 			if ratio > 0 {
-				window.add(now(), err != nil)
+				if err != nil {
+					calls.Add(now(), 0, 1)
+				} else {
+					calls.Add(now(), 1, 0)
+				}
 			}
 			if err != nil {
 				since.TotalFailures++
@@ -543,43 +548,4 @@ func (b *Breaker) allowLocal() (done func(herdguard.Verdict), probe bool, err er
 			b.report(gdone, v)
 		}
 	}, probe, nil
-}
-
-// ratioWindow counts the calls that finished over a rolling Window, in
-// windowBuckets buckets on the breaker's clock, for FailureRatio. It is
-// guarded by gobreaker's lock, as every function of gobreakerSettings.
-type ratioWindow struct {
-	bucket     time.Duration
-	head       int64 // the number of the current bucket: its start / bucket
-	ok, failed [windowBuckets]uint32
-}
-
-// add counts a call that finished at now.
-func (w *ratioWindow) add(now time.Time, failed bool) {
-	i := w.roll(now)
-	if failed {
-		w.failed[i]++
-	} else {
-		w.ok[i]++
-	}
-}
-
-// totals returns the calls counted over the Window that ends at now.
-func (w *ratioWindow) totals(now time.Time) (ok, failed uint32) {
-	w.roll(now)
-	for i := range windowBuckets {
-		ok, failed = ok+w.ok[i], failed+w.failed[i]
-	}
-	return ok, failed
-}
-
-// roll empties the buckets that aged out of the Window by now, and returns
-// the index of the current one.
-func (w *ratioWindow) roll(now time.Time) int {
-	n := now.UnixNano() / int64(w.bucket)
-	for k := w.head + 1; k <= n && k <= w.head+windowBuckets; k++ {
-		w.ok[k%windowBuckets], w.failed[k%windowBuckets] = 0, 0
-	}
-	w.head = max(w.head, n)
-	return int(w.head % windowBuckets)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/errs"
+	"github.com/herdguard/herdguard/internal/window"
 
 	"github.com/herdguard/herdguard"
 )
@@ -22,9 +23,6 @@ const (
 	DefaultMaxOpenTimeout      = 10 * time.Second
 	DefaultHalfOpenMaxRequests = 1
 )
-
-// windowBuckets is how many buckets the rolling Window is split into.
-const windowBuckets = 10
 
 // Scope says which calls share one breaker.
 type Scope int
@@ -157,8 +155,8 @@ func (s Settings) Validate() error {
 		return errs.Errorf("breaker: DownAfter = %v: must not be negative", s.DownAfter)
 	case s.Window < 0:
 		return errs.Errorf("breaker: Window = %v: must not be negative", s.Window)
-	case s.Window > 0 && s.Window < windowBuckets:
-		return errs.Errorf("breaker: Window = %v: must be at least %dns to split into buckets", s.Window, windowBuckets)
+	case s.Window > 0 && s.Window < window.Buckets:
+		return errs.Errorf("breaker: Window = %v: must be at least %dns to split into buckets", s.Window, window.Buckets)
 	case s.OpenTimeout < 0:
 		return errs.Errorf("breaker: OpenTimeout = %v: must not be negative", s.OpenTimeout)
 	case s.MaxOpenTimeout < 0:

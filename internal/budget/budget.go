@@ -9,13 +9,13 @@
 package budget
 
 import (
-	"github.com/herdguard/herdguard/internal/clock"
-
 	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
+	"github.com/herdguard/herdguard/internal/window"
 	"github.com/herdguard/herdguard/policy"
 )
 
@@ -68,21 +68,14 @@ func (t *Throttle) Allowed() bool { return t.Tokens() > t.threshold }
 // Tokens returns the tokens left.
 func (t *Throttle) Tokens() float64 { return math.Float64frombits(t.tokens.Load()) }
 
-// buckets is how many parts the Ratio window is counted in.
-const buckets = 10
-
 // Ratio is a ratio retry budget over a sliding window.
 type Ratio struct {
 	ratio   float64
 	reserve float64 // MinPerSecond × Window
-	width   time.Duration
 	now     func() time.Time
-	start   time.Time
 
-	mu      sync.Mutex // guards the counts
-	epoch   int64      // index of the newest bucket since start
-	calls   [buckets]int64
-	retries [buckets]int64
+	mu sync.Mutex  // guards w
+	w  window.Pair // calls and retries
 }
 
 // NewRatio returns an empty budget for b that reads the time from now (nil:
@@ -95,28 +88,13 @@ func NewRatio(b policy.Budget, now func() time.Time) (*Ratio, error) {
 	if now == nil {
 		now = clock.Real().Now
 	}
-	return &Ratio{
-		ratio: b.Ratio, reserve: b.MinPerSecond * b.Window.Seconds(),
-		width: b.Window / buckets, now: now, start: now(),
-	}, nil
-}
-
-// advanceLocked moves the window to now, clearing the buckets that fell out.
-func (r *Ratio) advanceLocked() int {
-	e := int64(r.now().Sub(r.start) / r.width)
-	if e > r.epoch {
-		for i := r.epoch + 1; i <= e && i <= r.epoch+buckets; i++ {
-			r.calls[i%buckets], r.retries[i%buckets] = 0, 0
-		}
-		r.epoch = e
-	}
-	return int(r.epoch % buckets)
+	return &Ratio{ratio: b.Ratio, reserve: b.MinPerSecond * b.Window.Seconds(), now: now, w: window.NewPair(b.Window, now())}, nil
 }
 
 // Call records a call started: its first attempt.
 func (r *Ratio) Call() {
 	r.mu.Lock()
-	r.calls[r.advanceLocked()]++
+	r.w.Add(r.now(), 1, 0)
 	r.mu.Unlock()
 }
 
@@ -124,9 +102,10 @@ func (r *Ratio) Call() {
 func (r *Ratio) TryRetry() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	i, ok := r.roomLocked()
+	now := r.now()
+	ok := r.roomLocked(now)
 	if ok {
-		r.retries[i]++
+		r.w.Add(now, 0, 1)
 	}
 	return ok
 }
@@ -136,30 +115,18 @@ func (r *Ratio) TryRetry() bool {
 func (r *Ratio) Allowed() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	_, ok := r.roomLocked()
-	return ok
+	return r.roomLocked(r.now())
 }
 
-// roomLocked moves the window to now and reports whether it has room for a
-// retry, and the index of the newest bucket.
-func (r *Ratio) roomLocked() (int, bool) {
-	i := r.advanceLocked()
-	var calls, retries int64
-	for j := range buckets {
-		calls += r.calls[j]
-		retries += r.retries[j]
-	}
-	return i, float64(retries) < r.ratio*float64(calls)+r.reserve
+// roomLocked reports whether the window has room for a retry at now.
+func (r *Ratio) roomLocked(now time.Time) bool {
+	calls, retries := r.w.Sums(now)
+	return float64(retries) < r.ratio*float64(calls)+r.reserve
 }
 
 // Counts returns the calls and retries in the window now.
 func (r *Ratio) Counts() (calls, retries int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.advanceLocked()
-	for j := range buckets {
-		calls += r.calls[j]
-		retries += r.retries[j]
-	}
-	return calls, retries
+	return r.w.Sums(r.now())
 }
