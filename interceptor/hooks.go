@@ -112,6 +112,13 @@ func newEvents(h Hooks, log *slog.Logger) events {
 	return events{on: on, h: h, log: log}
 }
 
+// gaveUp tells the hooks and the logger (ic.events.on) of a call to target
+// that ended with err. Every call that fails is told once, where its
+// metric is recorded.
+func (ic *Interceptor) gaveUp(ctx context.Context, method, target string, outcome Outcome, attempts int, err error) {
+	ic.events.gaveUp(ctx, GiveUpEvent{Method: method, Target: target, Outcome: outcome, Attempts: attempts, Err: err})
+}
+
 // retry reports a scheduled retry.
 func (ev *events) retry(ctx context.Context, e RetryEvent) {
 	if f := ev.h.OnRetry; f != nil {

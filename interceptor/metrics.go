@@ -200,13 +200,6 @@ func (m *metering) hedge(ctx context.Context, method, target string, won bool) {
 	m.hedges.Add(ctx, 1, opt)
 }
 
-// gaveUp tells the hooks and the logger (ic.events.on) of a call to target
-// that ended with err. Every call that fails is told once, where its
-// metric is recorded.
-func (ic *Interceptor) gaveUp(ctx context.Context, method, target string, outcome Outcome, attempts int, err error) {
-	ic.events.gaveUp(ctx, GiveUpEvent{Method: method, Target: target, Outcome: outcome, Attempts: attempts, Err: err})
-}
-
 func (m *metering) call(ctx context.Context, method, target string, outcome Outcome) {
 	if m.calls == nil || !m.calls.Enabled(ctx) {
 		return

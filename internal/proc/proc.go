@@ -3,8 +3,6 @@
 package proc
 
 import (
-	"github.com/herdguard/herdguard/internal/clock"
-
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/herdguard/herdguard/internal/clock"
 )
 
 // Process is a child process, stopped by its process id.

@@ -4,8 +4,6 @@
 package redistest
 
 import (
-	"github.com/herdguard/herdguard/internal/clock"
-
 	"bufio"
 	"context"
 	"errors"
@@ -21,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdguard/herdguard/internal/clock"
 	"github.com/herdguard/herdguard/internal/proc"
 )
 
