@@ -319,14 +319,15 @@ func (c *Controller) intervalLocked(b, prev counts, now time.Time) {
 // nothing beyond its own share and it keeps up with the rate (rule 8):
 // after a Hold, back to what this client's traffic got before the
 // episode at once, past it by a factor growth per Hold, never past growth
-// times the attempts that come. With nothing known, a slow start doubles
-// it per Interval, up to what drains the line within a Window if that is
-// more. The server keeps up unless it ended fewer than keptUp of the
-// attempts sent in the last two Intervals (b and prev), and MinFailures
-// fewer at least: one that ends fewer queues them, and more would only
-// lengthen its queue until it refuses. As in rule 2, a server whose layer
-// below gave up on or held back some of them is not queueing: that layer
-// holds calls back already.
+// times the attempts that come; while they come at the target or more, a
+// grown rate above that over a Window comes back down to it. With nothing
+// known, a slow start doubles it per Interval, up to what drains the line
+// within a Window if that is more. The server keeps up unless it ended
+// fewer than keptUp of the attempts sent in the last two Intervals (b and
+// prev), and MinFailures fewer at least: one that ends fewer queues them,
+// and more would only lengthen its queue until it refuses. As in rule 2, a
+// server whose layer below gave up on or held back some of them is not
+// queueing: that layer holds calls back already.
 func (c *Controller) growLocked(now time.Time, b, prev counts) {
 	ep := &c.ep
 	if ep.collapsed || ep.refusedLast || !ep.waited && len(c.line) == 0 {
@@ -354,6 +355,16 @@ func (c *Controller) growLocked(now time.Time, b, prev counts) {
 	}
 	next = min(next, limit)
 	if next <= ep.rate {
+		if ep.tried && ep.arrivalsN >= buckets && limit < ep.rate && limit >= ep.target && ep.target > 0 {
+			// The bound holds after growth too, judged over a Window,
+			// while attempts keep coming at the target or more: a client
+			// whose rate kept the highest of its short samples would send
+			// above what comes, and a fleet of them above the sum of what
+			// comes. A herd's line, which nothing comes to replenish,
+			// drains at the rate it grew to.
+			ep.rate = limit
+			ep.arrivals, ep.arrivalsN = 0, 0
+		}
 		return
 	}
 	ep.rate, ep.tried, ep.stepped = next, true, next/ep.rate

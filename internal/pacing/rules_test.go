@@ -635,6 +635,62 @@ func TestGrowth(t *testing.T) {
 			growsUnlessQueued(t, tc.below, tc.grows)
 		})
 	}
+	t.Run("back down to the attempts that come", func(t *testing.T) {
+		// A fleet's clients each keeping the highest rate a short sample
+		// allowed would together send above what comes to them.
+		r := calmRig(t, overload.Settings{})
+		r.outcomes(Overloaded, overload.DefaultMinFailures)
+		r.c.Done(Answered, 0) // restart at 60
+		var waiting []*ticket
+		interval := func(n int) { // n attempts ask; each told to go is answered
+			for range n {
+				waiting = append(waiting, r.ask(time.Minute, false))
+			}
+			for range 10 {
+				waiting = r.answerTold(waiting)
+			}
+		}
+		for range 3 * buckets {
+			interval(150)
+		}
+		grown := r.rate()
+		for range 3 * buckets {
+			interval(70) // the backlog still waits
+		}
+		if got := r.rate(); grown < 90 || !near(got, growth*70) || len(waiting) == 0 {
+			t.Errorf("rate %v after 3 s of 150 attempts an Interval, then %v after 3 s of 70 with %d waiting; want it grown past 90, then back to 1.1 × 70", grown, got, len(waiting))
+		}
+	})
+	for _, tc := range []struct {
+		name   string
+		target float64 // set after the restart at 60: 0 as a fresh client's
+		known  float64
+	}{
+		{"a herd's line drains at the rate it grew to", 60, 60},
+		{"so does a fresh client's, with no target", 0, 0.01},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := calmRig(t, overload.Settings{})
+			r.outcomes(Overloaded, overload.DefaultMinFailures)
+			r.c.Done(Answered, 0) // restart at 60
+			r.c.ep.target, r.c.known = tc.target, tc.known
+			least := r.rate()
+			var waiting []*ticket
+			for range 3000 { // a herd, and then nothing more comes
+				waiting = append(waiting, r.ask(time.Minute, false))
+			}
+			for range 4 * buckets {
+				for range 10 {
+					waiting = r.answerTold(waiting)
+				}
+				got := r.rate()
+				if got < least && len(waiting) > 0 {
+					t.Fatalf("rate %v with %d of a herd waiting and nothing more coming (target %v, known %v); want %v at least, the rate it grew to", got, len(waiting), tc.target, tc.known, least)
+				}
+				least = max(least, got)
+			}
+		})
+	}
 	t.Run("slow start", func(t *testing.T) {
 		r := newRig(t, overload.Settings{})
 		r.outcomes(Overloaded, freshAttempts*overload.DefaultMinFailures) // a fresh client: nothing known
@@ -850,6 +906,18 @@ func growsUnlessQueued(t *testing.T, below, grows bool) {
 	if got := r.rate(); (got > 60) != grows {
 		t.Errorf("rate %v after 3 s of a target that answers two thirds of what it is sent (a layer below giving up on some: %v): want it grown past the 60 it restarted at: %v", got, below, grows)
 	}
+}
+
+// answerTold advances a tenth of an Interval, answers each attempt of
+// waiting told to go, and returns those still waiting.
+func (r *rig) answerTold(waiting []*ticket) []*ticket {
+	r.advance(overload.DefaultInterval / 10)
+	return slices.DeleteFunc(waiting, func(tk *ticket) bool {
+		if tk.told && tk.err == nil {
+			r.c.Done(Answered, 0)
+		}
+		return tk.told
+	})
 }
 
 // offer asks the rig for n attempts an Interval for 3 s, deadlines a
