@@ -39,6 +39,7 @@ package main
 
 import (
 	"context"
+	"encoding/csv"
 	"flag"
 	"fmt"
 	"io"
@@ -66,6 +67,8 @@ type options struct {
 	base                                time.Duration
 	scale                               float64
 	compare, trace                      bool
+	windowsCSV                          string
+	windows                             *csv.Writer // set by run from windowsCSV
 }
 
 func main() {
@@ -83,6 +86,7 @@ func main() {
 	flag.StringVar(&o.goodputSVG, "goodput-svg", "", "write the steady loads' goodput over time to this SVG file")
 	flag.StringVar(&o.partialSVG, "partial-svg", "", "write the partial failures' calls ok against p to this SVG file")
 	flag.StringVar(&o.clients, "clients", "1", "run each herd and brownout offered by each of these numbers of clients (separated by commas), each with a connection and an interceptor of its own, the calls dealt out in turn")
+	flag.StringVar(&o.windowsCSV, "windows-csv", "", "write the server's counts per window (first attempts, retries, failed, succeeded) of every herd and brownout run to this CSV file")
 	flag.StringVar(&o.fleetSVG, "fleet-svg", "", "write the herds' and brownouts' calls ok against the number of clients to this SVG file")
 	flag.Float64Var(&o.scale, "scale", 1, "divide every duration by this (1 reproduces the published times)")
 	flag.StringVar(&o.svg, "svg", "", "also write the histograms to this SVG file")
@@ -138,6 +142,18 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 	fleets, err := parseClients(o.clients)
 	if err != nil {
 		return err
+	}
+
+	if o.windowsCSV != "" {
+		f, err := os.Create(o.windowsCSV)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		o.windows = csv.NewWriter(f)
+		if err := o.windows.Write(stormlab.WindowsHeader); err != nil {
+			return err
+		}
 	}
 
 	runner := &stormlab.Runner{Addr: o.addr}
@@ -456,10 +472,15 @@ func runCompared(ctx context.Context, runner *stormlab.Runner, sc plannedScenari
 	var typical []stormlab.Result
 	for _, st := range sc.strategies {
 		var runs []stormlab.Result
-		for range o.runs {
+		for i := range o.runs {
 			r, err := runner.Run(ctx, sc.scenario, st, o.scale)
 			if err != nil {
 				return stormlab.SVGSection{}, nil, err
+			}
+			if o.windows != nil {
+				if err := stormlab.WriteWindows(o.windows, n, i+1, r); err != nil {
+					return stormlab.SVGSection{}, nil, fmt.Errorf("-windows-csv: %w", err)
+				}
 			}
 			runs = append(runs, r)
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/csv"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -135,11 +136,26 @@ func TestRunComparedSteady(t *testing.T) {
 	defer stop()
 	sc := stormlab.Scenario{Name: "small", Rate: 200, Duration: 300 * time.Millisecond, Deadline: time.Second, Bucket: 50 * time.Millisecond,
 		Faults: stormlab.Faults{Capacity: 100, TriggerAt: 100 * time.Millisecond, TriggerFor: 100 * time.Millisecond, TriggerOutage: true}}
-	var out bytes.Buffer
+	var out, windows bytes.Buffer
 	section, rows, err := runCompared(context.Background(), &stormlab.Runner{Addr: addr}, plannedScenario{sc, []stormlab.Strategy{stormlab.NoRetriesStrategy()}},
-		1, options{runs: 2, scale: 1, width: 40}, &out)
+		1, options{runs: 2, scale: 1, width: 40, windows: csv.NewWriter(&windows)}, &out)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// -windows-csv: each run's windows, as many as the server counted.
+	recs, err := csv.NewReader(&windows).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	perRun := map[string]int{}
+	for _, rec := range recs {
+		if rec[0] != "small" || rec[1] != stormlab.NoRetriesStrategy().Name || rec[2] != "1" {
+			t.Errorf("-windows-csv row %v: want scenario small, no retries, 1 client", rec)
+		}
+		perRun[rec[3]]++
+	}
+	if d := perRun["1"] - perRun["2"]; len(perRun) != 2 || perRun["1"] < 3 || d < -1 || d > 1 {
+		t.Errorf("-windows-csv: rows per run %v; want runs 1 and 2, each with the 3 or more windows of its 300 ms", perRun)
 	}
 	for _, want := range []string{"medians of 2 runs", "no retries", "best possible", "outcomes of the median run", "▒ marks the trigger", "error Unavailable"} {
 		if !strings.Contains(out.String(), want) {

@@ -1,10 +1,12 @@
 package stormlab
 
 import (
+	"encoding/csv"
 	"fmt"
 	"html"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -238,4 +240,26 @@ func svgSection(title string, results []Result, y0 int) (string, int, int) {
 	fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#555">retries per %v window at the server; all panels share one scale (peak %d); time runs left to right over %v</text>`+"\n",
 		left, y0+height-10, window, peak, time.Duration(longest)*window)
 	return b.String(), height, width
+}
+
+// WindowsHeader is the header row [WriteWindows] writes under.
+var WindowsHeader = []string{"scenario", "strategy", "clients", "run", "window_start_ms", "first_attempts", "retries", "failed", "succeeded"}
+
+// WriteWindows writes the server's counts per window of one run, a row
+// per window, to w as CSV (columns as in [WindowsHeader]): the attempts
+// each window took are what a sticky server judges, so a run that went
+// down again after its recovery shows the window that sent it down.
+func WriteWindows(w *csv.Writer, clients, run int, r Result) error {
+	width := r.Stats.GetWindowMs()
+	for i, win := range r.Stats.GetWindows() {
+		row := []string{r.Scenario, r.Strategy, strconv.Itoa(clients), strconv.Itoa(run),
+			strconv.FormatInt(int64(i)*width, 10),
+			strconv.FormatInt(win.GetFirstAttempts(), 10), strconv.FormatInt(win.GetRetries(), 10),
+			strconv.FormatInt(win.GetFailed(), 10), strconv.FormatInt(win.GetSucceeded(), 10)}
+		if err := w.Write(row); err != nil {
+			return err
+		}
+	}
+	w.Flush()
+	return w.Error()
 }

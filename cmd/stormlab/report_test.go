@@ -1,6 +1,7 @@
 package stormlab
 
 import (
+	"encoding/csv"
 	"encoding/xml"
 	"fmt"
 	"io"
@@ -234,5 +235,28 @@ func TestPartialTableAndHarm(t *testing.T) {
 	}
 	if n := strings.Count(b.String(), "<polyline"); n != 3 || !strings.Contains(b.String(), "closed loop") {
 		t.Errorf("chart has %d lines, want 3 in two charts:\n%s", n, b.String())
+	}
+}
+
+// TestWriteWindows: a row per window of the server's counts, the window's
+// start from its width, under the header's columns.
+func TestWriteWindows(t *testing.T) {
+	r := Result{Scenario: "s", Strategy: "herdguard defaults", Stats: &demov1.GetStatsResponse{WindowMs: 100, Windows: []*demov1.Window{
+		{FirstAttempts: 60, Succeeded: 60},
+		{FirstAttempts: 82, Retries: 3, Failed: 5, Succeeded: 80},
+	}}}
+	var b strings.Builder
+	w := csv.NewWriter(&b)
+	if err := w.Write(WindowsHeader); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteWindows(w, 100, 2, r); err != nil {
+		t.Fatal(err)
+	}
+	want := "scenario,strategy,clients,run,window_start_ms,first_attempts,retries,failed,succeeded\n" +
+		"s,herdguard defaults,100,2,0,60,0,0,60\n" +
+		"s,herdguard defaults,100,2,100,82,3,5,80\n"
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
 	}
 }
