@@ -90,8 +90,8 @@
 //     some, as in rule 2): after a hold, back to what this client's traffic got
 //     before the episode, then a tenth more per Hold, never past a tenth
 //     above the attempts that come (a fleet's sum varies more than one
-//     client's); while they come at the target rate or more, a grown rate
-//     above that over a Window comes back down to it (a client that kept
+//     client's); while that bound is the target rate or more, a grown
+//     rate above it over a Window comes back down to it (a client that kept
 //     the highest of its short samples would send above what comes, and a
 //     fleet of them above the sum), and a herd's line, which nothing comes
 //     to replenish, drains at the rate it grew to; with nothing known, a

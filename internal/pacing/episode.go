@@ -319,8 +319,8 @@ func (c *Controller) intervalLocked(b, prev counts, now time.Time) {
 // nothing beyond its own share and it keeps up with the rate (rule 8):
 // after a Hold, back to what this client's traffic got before the
 // episode at once, past it by a factor growth per Hold, never past growth
-// times the attempts that come; while they come at the target or more, a
-// grown rate above that over a Window comes back down to it. With nothing
+// times the attempts that come; while that bound is the target or more,
+// a grown rate above it over a Window comes back down to it. With nothing
 // known, a slow start doubles it per Interval, up to what drains the line
 // within a Window if that is more. The server keeps up unless it ended
 // fewer than keptUp of the attempts sent in the last two Intervals (b and
@@ -357,11 +357,11 @@ func (c *Controller) growLocked(now time.Time, b, prev counts) {
 	if next <= ep.rate {
 		if ep.tried && ep.arrivalsN >= buckets && limit < ep.rate && limit >= ep.target && ep.target > 0 {
 			// The bound holds after growth too, judged over a Window,
-			// while attempts keep coming at the target or more: a client
-			// whose rate kept the highest of its short samples would send
-			// above what comes, and a fleet of them above the sum of what
-			// comes. A herd's line, which nothing comes to replenish,
-			// drains at the rate it grew to.
+			// while it is the target or more: a client whose rate kept
+			// the highest of its short samples would send above what
+			// comes, and a fleet of them above the sum of what comes. A
+			// herd's line, which nothing comes to replenish, drains at
+			// the rate it grew to.
 			ep.rate = limit
 			ep.arrivals, ep.arrivalsN = 0, 0
 		}
