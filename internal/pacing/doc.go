@@ -9,8 +9,8 @@
 // Before each attempt, a caller asks [Controller.Acquire], saying from
 // which [Place] (a fresh attempt, a retry after a refusal for load, or a
 // hedge that goes only while calm); after it, it reports the [Outcome]
-// with [Controller.Done]. While calm this is three atomic operations and
-// no lock.
+// with [Controller.Done]. While calm this is an atomic add before the
+// attempt and one after it, two atomic loads, and no lock.
 //
 // # Rules
 //

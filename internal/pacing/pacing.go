@@ -62,7 +62,8 @@ const (
 	// Interval's worth of tokens (at least one), so that attempts stay
 	// spread over the Interval.
 	burstShare = 10
-	// foldEvery: the calm path reads the clock once per foldEvery answers.
+	// foldEvery: the calm path reads the clock once per foldEvery answers
+	// since the counts were last folded.
 	foldEvery = 32
 	// minWait is the least time the line's timer waits for a token.
 	minWait = 100 * time.Microsecond
@@ -149,7 +150,6 @@ type Controller struct {
 	calmGone  atomic.Int64 // attempts that said nothing, not yet folded
 	calmBelow atomic.Int64 // attempts a layer below gave up on or held back
 	heldAt    atomic.Int64 // Unix ns: the last answer a layer below held back (HeldBelow); 0: none
-	answers   atomic.Uint32
 	foldAfter atomic.Int64 // Unix ns: a calm answer past this folds the counts in
 	stats     counters
 	mu        sync.Mutex
@@ -301,8 +301,7 @@ func (c *Controller) Done(o Outcome, took time.Duration) {
 			c.heldAt.Store(c.s.Now().UnixNano())
 		}
 		if !c.pacing.Load() {
-			c.calmOK.Add(1)
-			if c.answers.Add(1)%foldEvery == 0 && c.s.Now().UnixNano() >= c.foldAfter.Load() {
+			if c.calmOK.Add(1)%foldEvery == 0 && c.s.Now().UnixNano() >= c.foldAfter.Load() {
 				c.mu.Lock()
 				c.foldLocked(c.s.Now())
 				c.mu.Unlock()
