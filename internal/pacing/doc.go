@@ -105,10 +105,14 @@
 //     answers take an Interval or more, it serves by deadline, earliest
 //     first, which gets the most callers through a backlog served in
 //     time. (TestOrder)
-//  10. Shedding. While the target refuses nothing, an attempt whose turn at
-//     the rate, plus the time answers take, passes its deadline is shed at
-//     once; at any rate, one with less time left than every answer of the
-//     last Interval took. (TestShedding)
+//  10. Shedding. An attempt that cannot go in time is shed at once, not
+//     held to its deadline: while the target refuses nothing, one whose
+//     turn at the rate, plus the time answers take, passes its deadline;
+//     while it collapsed on refusals and no attempt is in flight, one
+//     whose deadline comes before the next probe (nothing goes before it;
+//     after a time-out the target may be slow, not refusing, and its
+//     callers see their deadlines pass); at any rate, one with less time
+//     left than every answer of the last Interval took. (TestShedding)
 //  11. Calm. Calm Intervals in a row (no refusal beyond the own share,
 //     nobody waiting, fewer attempts than half the rate) end the pacing.
 //     (TestCalm)

@@ -22,6 +22,10 @@ type episode struct {
 	// probesRefused counts the probes refused in a row (rule 12).
 	probesRefused int
 	down          bool // rule 12
+	// timedOut: the last refusal was a time-out (Late): the server may be
+	// slow rather than refusing, and its callers see their deadlines pass
+	// (rule 10).
+	timedOut bool
 
 	began time.Time // when the episode began
 
@@ -200,6 +204,7 @@ func (c *Controller) refusedLocked(now time.Time, late bool) {
 		ep.sample.refused++
 	}
 	ep.early = max(ep.early-1, 0)
+	ep.timedOut = late
 	if ep.spell.IsZero() {
 		ep.spell = now
 	}
@@ -218,6 +223,9 @@ func (c *Controller) refusedLocked(now time.Time, late bool) {
 		ep.tried, ep.refused = false, true
 	case ep.sample.refused >= float64(c.s.MinFailures) && !ep.collapsed:
 		c.decideLocked(now)
+	}
+	if ep.collapsed { // the waiters that cannot go before the next probe are shed (rule 10)
+		c.serveLocked(now)
 	}
 }
 

@@ -233,13 +233,27 @@ func (c *Controller) expireLocked(w *waiter) {
 	c.grantLocked(w, context.DeadlineExceeded)
 }
 
-// expireDueLocked lets go of every waiter whose limit passed.
+// expireDueLocked lets go of every waiter whose limit passed, and sheds
+// every waiter that cannot go before its limit (rule 10): while the
+// target collapsed on refusals and no attempt is in flight, nothing goes
+// before the next probe. A target whose last refusal was a time-out may
+// be slow, not refusing: its callers see their deadlines pass, as they
+// would without the controller.
 func (c *Controller) expireDueLocked(now time.Time) {
+	next := now
+	if c.ep.collapsed && c.inflight < 1 && !c.ep.timedOut {
+		next = later(now, c.ep.probeAt)
+	}
 	c.line = slices.DeleteFunc(c.line, func(w *waiter) bool {
-		if now.Before(w.limit) {
+		switch {
+		case next.Before(w.limit):
 			return false
+		case now.Before(w.limit):
+			c.stats.shed.Add(1)
+			c.grantLocked(w, ErrShed)
+		default:
+			c.expireLocked(w)
 		}
-		c.expireLocked(w)
 		return true
 	})
 }

@@ -327,8 +327,8 @@ func (c *Controller) Done(o Outcome, took time.Duration) {
 		c.ev.cur().refused++
 		if c.pacing.Load() {
 			c.refusedLocked(now, o == Late)
-		} else {
-			c.judgeCalmLocked(now)
+		} else if c.judgeCalmLocked(now); c.pacing.Load() {
+			c.ep.timedOut = o == Late // it began the episode
 		}
 		c.mu.Unlock()
 	case Ignored:

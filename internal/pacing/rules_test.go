@@ -755,6 +755,64 @@ func TestShedding(t *testing.T) {
 	if tk := r.ask(200*time.Millisecond, false); !errors.Is(tk.err, ErrShed) {
 		t.Errorf("200 ms left, answers take 400 ms: %v, want ErrShed", tk.err)
 	}
+
+	t.Run("collapsed: a deadline before the next probe", func(t *testing.T) {
+		r := calmRig(t, overload.Settings{})
+		r.outcomes(Overloaded, overload.DefaultMinFailures)
+		if !r.c.ep.collapsed {
+			t.Fatal("not collapsed")
+		}
+		probe := r.ask(10*time.Second, false)
+		for !probe.told {
+			r.advance(overload.DefaultInterval / 100)
+		}
+		gap := r.c.ep.probeAt.Sub(r.s.now)
+		if probe.err != nil || gap < overload.DefaultInterval/2 {
+			t.Fatalf("the first waiter went as a probe: %v, next probe in %v; want nil, at least half an Interval", probe.err, gap)
+		}
+		// The probe is in flight: its answer would restart the rate, and
+		// the waiters go at once.
+		short, long := r.ask(gap/2, false), r.ask(gap+overload.DefaultInterval, false)
+		if short.told || long.told {
+			t.Fatalf("with a probe in flight, a waiter due before the next probe was told %v, one due after it %v; want both waiting", short.err, long.err)
+		}
+		r.c.Done(Overloaded, 0) // refused: nothing goes before the next probe
+		if !short.told || !errors.Is(short.err, ErrShed) || short.at != r.s.now {
+			t.Errorf("the probe refused, a waiter due before the next probe: told %v at %v, %v; want ErrShed at once", short.told, short.at, short.err)
+		}
+		if long.told {
+			t.Errorf("a waiter due after the next probe was told %v; want it waiting", long.err)
+		}
+		if tk := r.ask(gap/4, false); !errors.Is(tk.err, ErrShed) || tk.at != r.s.now {
+			t.Errorf("an attempt due before the next probe asks: told %v at %v; want ErrShed at once", tk.err, tk.at)
+		}
+		r.advance(gap)
+		if !long.told || long.err != nil {
+			t.Errorf("the waiter due after the next probe: told %v, %v; want it sent as that probe", long.told, long.err)
+		}
+	})
+	t.Run("collapsed on time-outs: to the deadline", func(t *testing.T) {
+		// A server whose attempts time out may be slow, not refusing: its
+		// callers see their deadlines pass, as without the controller.
+		r := calmRig(t, overload.Settings{})
+		r.outcomes(Late, overload.DefaultMinFailures)
+		if !r.c.ep.collapsed {
+			t.Fatal("not collapsed")
+		}
+		gap := r.c.ep.probeAt.Sub(r.s.now)
+		if gap < 2*time.Millisecond {
+			t.Fatalf("next probe in %v", gap)
+		}
+		tk := r.ask(gap/2, false)
+		r.advance(gap / 4)
+		if tk.told {
+			t.Fatalf("a waiter due before the next probe, after time-outs: told %v at once; want it waiting to its deadline", tk.err)
+		}
+		r.advance(gap / 2)
+		if !tk.told || !errors.Is(tk.err, context.DeadlineExceeded) {
+			t.Errorf("its deadline passed: told %v, %v; want context.DeadlineExceeded", tk.told, tk.err)
+		}
+	})
 }
 
 // Rule 11: calm Intervals in a row end the pacing.
