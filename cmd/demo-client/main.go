@@ -69,6 +69,8 @@ type options struct {
 	compare, trace                      bool
 	windowsCSV                          string
 	windows                             *csv.Writer // set by run from windowsCSV
+	callsCSV                            string
+	callRows                            *csv.Writer // set by run from callsCSV
 }
 
 func main() {
@@ -87,6 +89,7 @@ func main() {
 	flag.StringVar(&o.partialSVG, "partial-svg", "", "write the partial failures' calls ok against p to this SVG file")
 	flag.StringVar(&o.clients, "clients", "1", "run each herd and brownout offered by each of these numbers of clients (separated by commas), each with a connection and an interceptor of its own, the calls dealt out in turn")
 	flag.StringVar(&o.windowsCSV, "windows-csv", "", "write the server's counts per window (first attempts, retries, failed, succeeded) of every herd and brownout run to this CSV file")
+	flag.StringVar(&o.callsCSV, "calls-csv", "", "write every call of every brownout run (start and end in ms since the run's first call, outcome) to this CSV file")
 	flag.StringVar(&o.fleetSVG, "fleet-svg", "", "write the herds' and brownouts' calls ok against the number of clients to this SVG file")
 	flag.Float64Var(&o.scale, "scale", 1, "divide every duration by this (1 reproduces the published times)")
 	flag.StringVar(&o.svg, "svg", "", "also write the histograms to this SVG file")
@@ -152,6 +155,18 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 		defer f.Close()
 		o.windows = csv.NewWriter(f)
 		if err := o.windows.Write(stormlab.WindowsHeader); err != nil {
+			return err
+		}
+	}
+
+	if o.callsCSV != "" {
+		f, err := os.Create(o.callsCSV)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		o.callRows = csv.NewWriter(f)
+		if err := o.callRows.Write(stormlab.CallsHeader); err != nil {
 			return err
 		}
 	}
@@ -480,6 +495,11 @@ func runCompared(ctx context.Context, runner *stormlab.Runner, sc plannedScenari
 			if o.windows != nil {
 				if err := stormlab.WriteWindows(o.windows, n, i+1, r); err != nil {
 					return stormlab.SVGSection{}, nil, fmt.Errorf("-windows-csv: %w", err)
+				}
+			}
+			if o.callRows != nil {
+				if err := stormlab.WriteCalls(o.callRows, n, i+1, r); err != nil {
+					return stormlab.SVGSection{}, nil, fmt.Errorf("-calls-csv: %w", err)
 				}
 			}
 			runs = append(runs, r)

@@ -242,6 +242,30 @@ func svgSection(title string, results []Result, y0 int) (string, int, int) {
 	return b.String(), height, width
 }
 
+// CallsHeader is the header row [WriteCalls] writes under.
+var CallsHeader = []string{"scenario", "strategy", "clients", "run", "start_ms", "end_ms", "outcome"}
+
+// WriteCalls writes every call of one brownout run as the client saw it,
+// a row per call in start order, to w as CSV (columns as in
+// [CallsHeader]; times in milliseconds since the first call started): a
+// recovery is set by the last 250 ms of calls under 95 % ok, and these
+// rows show which calls those were, and when they began. A herd's run
+// writes nothing.
+func WriteCalls(w *csv.Writer, clients, run int, r Result) error {
+	if r.Steady == nil {
+		return nil
+	}
+	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64) }
+	for _, c := range r.Steady.Calls {
+		row := []string{r.Scenario, r.Strategy, strconv.Itoa(clients), strconv.Itoa(run), ms(c.Start), ms(c.End), c.Outcome}
+		if err := w.Write(row); err != nil {
+			return err
+		}
+	}
+	w.Flush()
+	return w.Error()
+}
+
 // WindowsHeader is the header row [WriteWindows] writes under.
 var WindowsHeader = []string{"scenario", "strategy", "clients", "run", "window_start_ms", "first_attempts", "retries", "failed", "succeeded"}
 

@@ -245,18 +245,46 @@ func TestWriteWindows(t *testing.T) {
 		{FirstAttempts: 60, Succeeded: 60},
 		{FirstAttempts: 82, Retries: 3, Failed: 5, Succeeded: 80},
 	}}}
-	var b strings.Builder
-	w := csv.NewWriter(&b)
-	if err := w.Write(WindowsHeader); err != nil {
-		t.Fatal(err)
-	}
-	if err := WriteWindows(w, 100, 2, r); err != nil {
-		t.Fatal(err)
-	}
+	got := writeCSV(t, WindowsHeader, func(w *csv.Writer) error { return WriteWindows(w, 100, 2, r) })
 	want := "scenario,strategy,clients,run,window_start_ms,first_attempts,retries,failed,succeeded\n" +
 		"s,herdguard defaults,100,2,0,60,0,0,60\n" +
 		"s,herdguard defaults,100,2,100,82,3,5,80\n"
-	if b.String() != want {
-		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
+}
+
+// TestWriteCalls: a row per call of a brownout run, times in ms since its
+// first call; a herd's run writes none.
+func TestWriteCalls(t *testing.T) {
+	r := Result{Scenario: "s", Strategy: "herdguard defaults", Steady: &Steady{Calls: []Completion{
+		{Start: 0, End: 1500 * time.Microsecond, Outcome: "ok"},
+		{Start: 3 * time.Second, End: 5 * time.Second, Outcome: "error DeadlineExceeded"},
+	}}}
+	got := writeCSV(t, CallsHeader, func(w *csv.Writer) error {
+		if err := WriteCalls(w, 40, 3, r); err != nil {
+			return err
+		}
+		return WriteCalls(w, 40, 1, Result{Scenario: "herd"})
+	})
+	want := "scenario,strategy,clients,run,start_ms,end_ms,outcome\n" +
+		"s,herdguard defaults,40,3,0.0,1.5,ok\n" +
+		"s,herdguard defaults,40,3,3000.0,5000.0,error DeadlineExceeded\n"
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
+// writeCSV is what write writes under header.
+func writeCSV(t *testing.T, header []string, write func(*csv.Writer) error) string {
+	t.Helper()
+	var b strings.Builder
+	w := csv.NewWriter(&b)
+	if err := w.Write(header); err != nil {
+		t.Fatal(err)
+	}
+	if err := write(w); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }
