@@ -66,10 +66,14 @@
 //     server's own failures for a collapse every few seconds; for 10⁴ the
 //     own share is counted as if MinFailures more attempts had been
 //     refused at FailureRatio, so a client that has learnt little needs a
-//     longer run) says the target collapsed: only probes go, a quarter of what this client's traffic
-//     got per Interval (before anything was answered, a sixteenth of what
-//     it asked to send), at most one per Interval and at least one per
-//     2 s, at random gaps so that a fleet does not probe in step.
+//     longer run; once the target collapsed in the episode, the outcomes
+//     at the current rate before the run count too, and that prior as one
+//     attempt: a fleet's clients, each of which sees a few of the
+//     refusals, find a second collapse within a few of them) says the
+//     target collapsed: only probes go, a quarter of what this client's
+//     traffic got per Interval (before anything was answered, a sixteenth
+//     of what it asked to send), at most one per Interval and at least
+//     one per 2 s, at random gaps so that a fleet does not probe in step.
 //     (TestCollapseAndProbes)
 //  6. Restart. The first answer after a collapse restarts the rate at the
 //     target rate: what this client's traffic got before the episode,

@@ -22,6 +22,7 @@ type episode struct {
 	// probesRefused counts the probes refused in a row (rule 12).
 	probesRefused int
 	down          bool // rule 12
+	fell          bool // the server collapsed in this episode (rule 5)
 	// timedOut: the last refusal was a time-out (Late): the server may be
 	// slow rather than refusing, and its callers see their deadlines pass
 	// (rule 10).
@@ -139,6 +140,7 @@ func (c *Controller) setRateLocked(now time.Time, rate float64) {
 	c.ep.tokens = 0
 	c.ep.collapsed = rate < c.probeRate()
 	if c.ep.collapsed {
+		c.ep.fell = true
 		c.ep.rate = 0
 		c.ep.probeAt = now.Add(c.probeGap(c.s.Rand())) // the first within a mean gap
 	}

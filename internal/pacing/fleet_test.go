@@ -1,6 +1,7 @@
 package pacing
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"testing"
@@ -9,14 +10,15 @@ import (
 	"github.com/herdguard/herdguard/overload"
 )
 
-// TestFleets runs the storm lab's scenarios on the simulator (one seed,
-// so the figures are exact), offered by 1 to 100 clients, each with its
-// own controller, and pins herdguard's calls ok: where the lab's target
-// is met, at the target; where it is not (the C=20 and C=320 herds from
-// 40 clients on, the partial failures from 40), at the figure the
-// controller gets, less half a point, so that a change that loses calls
-// fails; and never below no retries (less 2 points: the dead server's
-// calls that came back as it did).
+// TestFleets runs the storm lab's scenarios on the simulator, offered by
+// 1 to 100 clients, each with its own controller, and pins herdguard's
+// calls ok in the median of 5 seeds (a fleet's runs are chaotic: one
+// seed's figure moves by several points when a change moves the mean by
+// a tenth): where the lab's target is met, at the target; where it is not
+// (the C=20 and C=320 herds from 40 clients on, the partial failures from
+// 10), at the median the controller gets, less half a point, so that a
+// change that loses calls fails; and never below no retries' median (less
+// 2 points: the dead server's calls that came back as it did).
 // docs/stormlab.md has the same scenarios over gRPC.
 func TestFleets(t *testing.T) {
 	byName := map[string]scenario{}
@@ -31,21 +33,21 @@ func TestFleets(t *testing.T) {
 		{"cut", 1, 96}, {"cut", 10, 95}, {"cut", 40, 90}, {"cut", 100, 90},
 		{"outage", 1, 99}, {"outage", 10, 98.5}, {"outage", 40, 98}, {"outage", 100, 96},
 		{"gentle", 1, 95.8}, {"gentle", 10, 95.8}, {"gentle", 40, 95.8}, {"gentle", 100, 95.8}, // retries alone less 0.5
-		{"herd20", 1, 100}, {"herd20", 10, 100}, {"herd20", 40, 87.5}, {"herd20", 100, 80}, // target 99.5
+		{"herd20", 1, 100}, {"herd20", 10, 100}, {"herd20", 40, 88}, {"herd20", 100, 91.4}, // target 99.5
 		{"herd80", 1, 100}, {"herd80", 10, 100}, {"herd80", 40, 100}, {"herd80", 100, 99.5},
-		{"herd320", 1, 100}, {"herd320", 10, 100}, {"herd320", 40, 100}, {"herd320", 100, 93}, // target 99.5
-		{"p0.5", 1, 86.6}, {"p0.5", 40, 82.7}, {"p0.5", 100, 82.3}, // retries alone 87.6
-		{"p0.67", 1, 68.3}, {"p0.67", 40, 64.5}, {"p0.67", 100, 60.5}, // retries alone 69.3
-		{"p0.8", 1, 47.9}, {"p0.8", 10, 41}, {"p0.8", 40, 35.5}, {"p0.8", 100, 32}, // retries alone 48.9
+		{"herd320", 1, 100}, {"herd320", 10, 100}, {"herd320", 40, 100}, {"herd320", 100, 92.3}, // target 99.5
+		{"p0.5", 1, 86.6}, {"p0.5", 40, 84.9}, {"p0.5", 100, 83.2}, // retries alone 87.6
+		{"p0.67", 1, 68.3}, {"p0.67", 40, 64.5}, {"p0.67", 100, 60.4}, // retries alone 69.3
+		{"p0.8", 1, 47.9}, {"p0.8", 10, 42.1}, {"p0.8", 40, 36.7}, {"p0.8", 100, 30.9}, // retries alone 48.9
 		{"dead", 1, 58.5}, {"dead", 10, 58}, {"dead", 40, 76}, {"dead", 100, 71.5}, // no retries 60
 	} {
 		t.Run(fmt.Sprintf("%s/N=%d", tt.scenario, tt.n), func(t *testing.T) {
+			t.Parallel() // each run has a simulator of its own
 			sc := byName[tt.scenario]
-			hg := runStrategy(sc, tt.n, "herdguard", 1)
-			none := runStrategy(sc, tt.n, "none", 1)
-			got, floor := pct(hg), pct(none)
+			hg, got := medianRun(sc, tt.n, "herdguard")
+			_, floor := medianRun(sc, tt.n, "none")
 			if got < tt.least {
-				t.Errorf("%d clients: %.1f %% of calls ok, want at least %.1f (%v)", tt.n, got, tt.least, hg)
+				t.Errorf("%d clients: %.1f %% of calls ok in the median of 5 seeds, want at least %.1f (%v)", tt.n, got, tt.least, hg)
 			}
 			if got < floor-2 {
 				t.Errorf("%d clients: %.1f %% of calls ok, below no retries' %.1f", tt.n, got, floor)
@@ -153,3 +155,14 @@ func TestFleetsFailFastWhenDead(t *testing.T) {
 }
 
 func pct(r result) float64 { return 100 * float64(r.ok) / float64(r.calls) }
+
+// medianRun runs sc offered by n clients with strategy st on seeds 1 to 5,
+// and returns the run whose calls ok are the median, and that figure.
+func medianRun(sc scenario, n int, st string) (result, float64) {
+	runs := make([]result, 5)
+	for i := range runs {
+		runs[i] = runStrategy(sc, n, st, uint64(i+1))
+	}
+	slices.SortFunc(runs, func(a, b result) int { return cmp.Compare(pct(a), pct(b)) })
+	return runs[2], pct(runs[2])
+}

@@ -47,6 +47,9 @@ const (
 	// seconds.
 	chance        = 1e-4
 	falseCollapse = time.Hour
+	// fellPrior: once the server collapsed in an episode, the share a run
+	// is judged against counts its prior as this many attempts (rule 5).
+	fellPrior = 1
 	// probeShare: a collapsed server is probed at 1/probeShare of what
 	// this client's traffic got from it per Interval (rule 5), at most
 	// once per Interval and at least once per probeFloor Intervals.
@@ -487,12 +490,21 @@ func (c *Controller) aboveOwn(e counts) bool {
 // 1/chance. That share is the one learnt (rule 3), counted as if
 // MinFailures more attempts had been refused at FailureRatio, so that a
 // client that has learnt little judges a run as if the server failed
-// FailureRatio on its own. The share learnt must also make the run less
-// often than once per falseCollapse at the answers per second of the
-// Window.
+// FailureRatio on its own. Once the server collapsed in this episode, a
+// collapse is no longer the rare event that prior guards against: the
+// outcomes at the current rate before the run count as learnt too, and
+// the prior as fellPrior attempts. The share learnt must also make the
+// run less often than once per falseCollapse at the answers per second
+// of the Window.
 func (c *Controller) collapsedRun() bool {
 	need := float64(c.s.MinFailures)
-	own := (c.baseR + c.s.FailureRatio*need) / (c.baseN + need)
+	r, n, prior := c.baseR, c.baseN, need
+	if c.pacing.Load() && c.ep.fell {
+		s := c.ep.sample
+		before := max(s.refused-float64(c.run), 0) // refused at this rate, before the run
+		r, n, prior = r+before, n+before+s.answered, fellPrior
+	}
+	own := (r + c.s.FailureRatio*prior) / (n + prior)
 	if own > 0 && own < 1 {
 		need = max(need, math.Log(chance)/math.Log(own))
 	}

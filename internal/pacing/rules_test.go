@@ -507,18 +507,10 @@ func TestCollapseAndProbes(t *testing.T) {
 		}
 	})
 	t.Run("a small client's probes", func(t *testing.T) {
-		r := newRig(t, overload.Settings{})
-		for range buckets { // 0.6 answers an Interval
-			r.calm(1)
-			r.advance(overload.DefaultInterval * 5 / 3)
-		}
+		r := smallClient(t)
 		// Little learnt: the run must be unlikely at FailureRatio too,
 		// 14 at most (0.5¹⁴ < 10⁻⁴), more than MinFailures.
-		run := 0
-		for run < 20 && !r.c.ep.collapsed {
-			r.outcomes(Overloaded, 1)
-			run++
-		}
+		run := r.refuseUntilCollapsed()
 		if run <= overload.DefaultMinFailures || run > 14 {
 			t.Fatalf("collapsed after a run of %d, with 10 answers in 1.7 s; want more than %d, at most 14", run, overload.DefaultMinFailures)
 		}
@@ -526,6 +518,59 @@ func TestCollapseAndProbes(t *testing.T) {
 			t.Errorf("a client whose traffic got 0.6 an Interval probes %v an Interval, want a quarter of that, at least 1/%d", got, probeFloor)
 		}
 	})
+}
+
+// smallClient is a client whose traffic got 0.6 answers an Interval, and
+// that learnt nothing of the server's own share.
+func smallClient(t *testing.T) *rig {
+	r := newRig(t, overload.Settings{})
+	for range buckets {
+		r.calm(1)
+		r.advance(overload.DefaultInterval * 5 / 3)
+	}
+	return r
+}
+
+// refuseUntilCollapsed reports refusals until the controller collapses,
+// 20 at most, and returns how many it took.
+func (r *rig) refuseUntilCollapsed() int {
+	run := 0
+	for run < 20 && !r.c.ep.collapsed {
+		r.outcomes(Overloaded, 1)
+		run++
+	}
+	return run
+}
+
+// A fleet's client, once the server collapsed in its episode, finds the
+// second collapse in a few refusals: the answers at its restarted rate are
+// what it learnt of the server since. With none, it judges the run as it
+// judged the first.
+func TestSecondCollapse(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		answered int // at the restarted rate, before the run
+		want     int // the run that collapses it
+	}{
+		// (0 + 0.5×1) / (3 + 1) = 0.125: 0.125⁵ < 10⁻⁴, and MinFailures.
+		{"three answers, then refusals", 3, overload.DefaultMinFailures},
+		// (0 + 0.5×1) / (0 + 1) = 0.5: 0.5¹⁴ < 10⁻⁴, as the first.
+		{"refusals from the restart on", 0, 14},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			// Little learnt: its first collapse takes a run of 14.
+			r := smallClient(t)
+			first := r.refuseUntilCollapsed()
+			r.c.Done(Answered, 0) // the probe's answer: the rate restarts
+			if first != 14 || r.c.ep.collapsed {
+				t.Fatalf("first collapse after a run of %d, then restarted: %v; want 14, then restarted", first, !r.c.ep.collapsed)
+			}
+			r.outcomes(Answered, tt.answered)
+			if run := r.refuseUntilCollapsed(); run != tt.want || !r.c.ep.collapsed {
+				t.Errorf("collapsed %v after a run of %d; want a collapse after %d", r.c.ep.collapsed, run, tt.want)
+			}
+		})
+	}
 }
 
 // Rule 6: the first answer after a collapse restarts the rate at what the
