@@ -20,18 +20,19 @@ import (
 // overload control is off.
 func (ic *Interceptor) controllerFor(target string) *pacing.Controller {
 	// Most interceptors serve one target: the last one found is checked
-	// first, inlined, which is cheaper than the map's hashing.
+	// first, which is cheaper than the map's hashing.
 	if last := ic.lastController.Load(); last != nil && last.target == target {
 		return last.ctl
+	}
+	if ic.overload == nil {
+		return nil
 	}
 	return ic.findController(target)
 }
 
-// findController is controllerFor past the last target found.
+// findController is controllerFor past the last target found, with
+// overload control on.
 func (ic *Interceptor) findController(target string) *pacing.Controller {
-	if ic.overload == nil {
-		return nil
-	}
 	tc := ic.controllers.Get(target, func() *targetController {
 		c, _ := pacing.New(*ic.overload, ic.pacingEnv) // validated in New
 		return &targetController{target, c}
