@@ -255,7 +255,9 @@ func WriteCalls(w *csv.Writer, clients, run int, r Result) error {
 	if r.Steady == nil {
 		return nil
 	}
-	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64) }
+	ms := func(d time.Duration) string {
+		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64)
+	}
 	for _, c := range r.Steady.Calls {
 		row := []string{r.Scenario, r.Strategy, strconv.Itoa(clients), strconv.Itoa(run), ms(c.Start), ms(c.End), c.Outcome}
 		if err := w.Write(row); err != nil {
