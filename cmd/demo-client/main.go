@@ -147,26 +147,21 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 		return err
 	}
 
-	if o.windowsCSV != "" {
-		f, err := os.Create(o.windowsCSV)
+	for _, c := range []struct {
+		path   string
+		header []string
+		w      **csv.Writer
+	}{{o.windowsCSV, stormlab.WindowsHeader, &o.windows}, {o.callsCSV, stormlab.CallsHeader, &o.callRows}} {
+		if c.path == "" {
+			continue
+		}
+		f, err := os.Create(c.path)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		o.windows = csv.NewWriter(f)
-		if err := o.windows.Write(stormlab.WindowsHeader); err != nil {
-			return err
-		}
-	}
-
-	if o.callsCSV != "" {
-		f, err := os.Create(o.callsCSV)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		o.callRows = csv.NewWriter(f)
-		if err := o.callRows.Write(stormlab.CallsHeader); err != nil {
+		*c.w = csv.NewWriter(f)
+		if err := (*c.w).Write(c.header); err != nil {
 			return err
 		}
 	}

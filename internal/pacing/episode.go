@@ -23,10 +23,6 @@ type episode struct {
 	probesRefused int
 	down          bool // rule 12
 	fell          bool // the server collapsed in this episode (rule 5)
-	// timedOut: the last refusal was a time-out (Late): the server may be
-	// slow rather than refusing, and its callers see their deadlines pass
-	// (rule 10).
-	timedOut bool
 
 	began time.Time // when the episode began
 
@@ -206,7 +202,6 @@ func (c *Controller) refusedLocked(now time.Time, late bool) {
 		ep.sample.refused++
 	}
 	ep.early = max(ep.early-1, 0)
-	ep.timedOut = late
 	if ep.spell.IsZero() {
 		ep.spell = now
 	}

@@ -21,10 +21,6 @@ import (
 // 2 points: the dead server's calls that came back as it did).
 // docs/stormlab.md has the same scenarios over gRPC.
 func TestFleets(t *testing.T) {
-	byName := map[string]scenario{}
-	for _, sc := range scenarios() {
-		byName[sc.name] = sc
-	}
 	for _, tt := range []struct {
 		scenario string
 		n        int
@@ -43,7 +39,7 @@ func TestFleets(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%s/N=%d", tt.scenario, tt.n), func(t *testing.T) {
 			t.Parallel() // each run has a simulator of its own
-			sc := byName[tt.scenario]
+			sc := scenarioNamed(tt.scenario)
 			hg, got := medianRun(sc, tt.n, "herdguard")
 			_, floor := medianRun(sc, tt.n, "none")
 			if got < tt.least {
@@ -65,12 +61,7 @@ func TestFleets(t *testing.T) {
 // the server down again for seconds. Over 20 seeds, at most 2 runs fall
 // below 95 % of calls ok.
 func TestFleetDrainsWithoutCollapse(t *testing.T) {
-	var sc scenario
-	for _, s := range scenarios() {
-		if s.name == "outage" {
-			sc = s
-		}
-	}
+	sc := scenarioNamed("outage")
 	var low []string
 	for seed := range uint64(20) {
 		r := runStrategy(sc, 100, "herdguard", seed+1)
@@ -91,10 +82,8 @@ func TestFleetDrainsWithoutCollapse(t *testing.T) {
 // apart; the calls whose deadlines come before that probe are shed as
 // soon as that is known, not held to their deadlines.
 func TestFleetsRecover(t *testing.T) {
-	for _, sc := range scenarios() {
-		if sc.name != "cut" && sc.name != "outage" {
-			continue
-		}
+	for _, name := range []string{"cut", "outage"} {
+		sc := scenarioNamed(name)
 		for _, n := range []int{40, 100} {
 			var recs []time.Duration
 			for seed := range uint64(5) {
@@ -116,12 +105,7 @@ func TestFleetsRecover(t *testing.T) {
 // through at its return than no retries), and send it less than no
 // retries would.
 func TestFleetsFailFastWhenDead(t *testing.T) {
-	var sc scenario
-	for _, s := range scenarios() {
-		if s.name == "dead" {
-			sc = s
-		}
-	}
+	sc := scenarioNamed("dead")
 	dead := sc.srv().(*flaky)
 	for _, n := range []int{1, 10, 40, 100} {
 		f := newFleet(1, n, sc.srv(), sc.l, &overload.Settings{}).run()
@@ -165,4 +149,14 @@ func medianRun(sc scenario, n int, st string) (result, float64) {
 	}
 	slices.SortFunc(runs, func(a, b result) int { return cmp.Compare(pct(a), pct(b)) })
 	return runs[2], pct(runs[2])
+}
+
+// scenarioNamed is the scenario of that name.
+func scenarioNamed(name string) scenario {
+	for _, sc := range scenarios() {
+		if sc.name == name {
+			return sc
+		}
+	}
+	panic("no scenario " + name)
 }

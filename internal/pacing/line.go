@@ -241,7 +241,7 @@ func (c *Controller) expireLocked(w *waiter) {
 // would without the controller.
 func (c *Controller) expireDueLocked(now time.Time) {
 	next := now
-	if c.ep.collapsed && c.inflight < 1 && !c.ep.timedOut {
+	if c.ep.collapsed && c.inflight < 1 && !c.timedOut {
 		next = later(now, c.ep.probeAt)
 	}
 	c.line = slices.DeleteFunc(c.line, func(w *waiter) bool {

@@ -164,6 +164,7 @@ type Controller struct {
 	known     float64   // answers per Interval this client's traffic got while calm
 	run       int       // refusals since the server's last answer
 	runSent   float64   // attempts in flight at that answer, and sent since
+	timedOut  bool      // the last refusal was a time-out (Late): the server may be slow, not refusing (rule 10)
 	inflight  float64   // attempts sent and not yet ended
 	ep        episode   // the current episode of pacing, or the last one
 	lastPaced time.Time // when the controller last paced (its last episode began or ended)
@@ -327,11 +328,12 @@ func (c *Controller) Done(o Outcome, took time.Duration) {
 		c.foldLocked(now)
 		c.inflight = max(c.inflight-1, 0)
 		c.run++
+		c.timedOut = o == Late
 		c.ev.cur().refused++
 		if c.pacing.Load() {
 			c.refusedLocked(now, o == Late)
-		} else if c.judgeCalmLocked(now); c.pacing.Load() {
-			c.ep.timedOut = o == Late // it began the episode
+		} else {
+			c.judgeCalmLocked(now)
 		}
 		c.mu.Unlock()
 	case Ignored:
